@@ -1,0 +1,51 @@
+"""One error hierarchy for every rejection the model can raise.
+
+Each concrete error names the spec rule that rejects the input (``rule``) and
+carries a message with the same meaning as the upstream ``bail!`` text it
+mirrors.  Raising never leaves a half-changed state: transitions build the new
+value only after every guard passed.
+"""
+
+from __future__ import annotations
+
+
+class ModelError(Exception):
+    """Base class of every error raised by the model."""
+
+    #: spec rule id that defines the rejection (e.g. ``"SRC-2"``)
+    rule: str = ""
+
+    def __init__(self, message: str, *, rule: str | None = None) -> None:
+        super().__init__(message)
+        if rule is not None:
+            self.rule = rule
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class CommandRejected(ModelError):
+    """A scheduler command (or bookkeeping operation) was rejected."""
+
+
+class InvalidInput(ModelError):
+    """Malformed input to the model: engine args, trace rows, scenario files.
+
+    ``field`` and ``value`` name the offending input so that the CLI can print a
+    one-line error.
+    """
+
+    def __init__(self, field: str, value: object, reason: str, *, rule: str | None = None) -> None:
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field}={value!r}: {reason}", rule=rule)
+
+
+class InternalInvariantBroken(ModelError):
+    """An upstream ``expect``/``debug_assert`` would have fired.
+
+    The model raises this where upstream would panic; it signals a bug in a
+    caller (or in the model), never a rejected user input.
+    """
