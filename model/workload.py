@@ -1,0 +1,769 @@
+"""Offline-replay workloads: mooncake traces and synthetic inputs (spec/replay.md, WL-1..WL-19).
+
+Pure code: rows arrive already read (decoded dicts, or text lines with their
+line numbers); the shell (``mocker_spec.formats``) does the file I/O.
+
+Pipeline for a trace file (WL-14):
+
+1. :func:`parse_mooncake_row` / :func:`parse_mooncake_line` -- one row, serde rules.
+2. :func:`trace_from_mooncake_rows` -- rows to sessions and turns (clamping,
+   delays, sessions by first appearance).
+3. :func:`normalize_session_starts` then :func:`speed_up_timing`.
+4. :func:`is_single_turn` chooses the path: a flat, stably sorted request list
+   (:func:`to_single_turn_requests` + :func:`normalize_trace_requests`) or the
+   session workload (:class:`Trace`, run by a workload driver).
+
+:func:`load_trace_workload` chains the four steps.
+
+Request ids: upstream draws random v4 UUIDs for trace requests.  The model is
+deterministic: flat trace request ``i`` (0-based, file order) gets
+``uuid_from_int(i + 1)``, the scheme upstream itself uses for synthetic flat
+requests (WL-13).  Report rows are ordered by (arrival, uuid), so among equal
+arrivals our order is file order while upstream's is random; the uuid value of a
+report row carries no meaning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable, Mapping, Sequence
+
+import attrs
+
+from model.errors import InvalidInput
+from model.report import total_order_key, uuid_from_int
+
+__all__ = [
+    "MooncakeRow",
+    "TurnTrace",
+    "SessionTrace",
+    "Trace",
+    "ReplayRequest",
+    "FlatWorkload",
+    "SessionWorkload",
+    "MOONCAKE_FIELDS",
+    "MOONCAKE_ALIASES",
+    "parse_mooncake_row",
+    "parse_mooncake_line",
+    "trace_from_mooncake_rows",
+    "trace_from_mooncake_lines",
+    "synthesize_tokens",
+    "cumulative_session_tokens",
+    "normalize_session_starts",
+    "speed_up_timing",
+    "validate_for_trace_mode",
+    "validate_for_concurrency_mode",
+    "is_single_turn",
+    "to_single_turn_requests",
+    "normalize_trace_requests",
+    "load_trace_workload",
+    "synthetic_token_id",
+    "synthetic_requests",
+    "synthetic_workload",
+    "synthetic_replay_workload",
+    "SYNTHETIC_SEED",
+    "SYNTHETIC_PREFIX_TAG",
+]
+
+_U64_MAX = (1 << 64) - 1
+_U32_MAX = (1 << 32) - 1
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _bad(line: int | None, field: str, value: object, reason: str, rule: str) -> InvalidInput:
+    """An InvalidInput naming ``trace line N`` and the field; ``.line`` holds N."""
+    name = field if line is None else f"trace line {line}: {field}"
+    err = InvalidInput(name, value, reason, rule=rule)
+    err.line = line  # type: ignore[attr-defined]
+    return err
+
+
+# ---------------------------------------------------------------------------
+# WL-1..WL-4: one mooncake row
+# ---------------------------------------------------------------------------
+
+#: WL-1: the row fields in declaration order (a JSON array row is read positionally)
+MOONCAKE_FIELDS: tuple[str, ...] = (
+    "session_id",
+    "input_length",
+    "output_length",
+    "hash_ids",
+    "timestamp",
+    "delay",
+    "priority",
+    "strict_priority",
+    "policy_class",
+)
+
+#: WL-1: accepted alternative key -> canonical field
+MOONCAKE_ALIASES: Mapping[str, str] = {
+    "input_tokens": "input_length",
+    "output_tokens": "output_length",
+    "created_time": "timestamp",
+    "delay_ms": "delay",
+}
+
+
+@attrs.frozen
+class MooncakeRow:
+    """WL-1: one decoded trace row; every field optional at this stage."""
+
+    session_id: str | None = None
+    input_length: int | None = None
+    output_length: int | None = None
+    hash_ids: tuple[int, ...] | None = None
+    timestamp: float | None = None
+    delay: float | None = None
+    priority: int | None = None
+    strict_priority: int | None = None
+    policy_class: str | None = None
+
+
+def _as_uint(line: int | None, field: str, v: Any, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(line, field, v, f"invalid type: expected an integer in 0..={hi}", "WL-2")
+    if not 0 <= v <= hi:
+        raise _bad(line, field, v, f"invalid value: expected an integer in 0..={hi}", "WL-2")
+    return v
+
+
+def _as_f64(line: int | None, field: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(line, field, v, "invalid type: expected a number", "WL-2")
+    x = float(v)
+    if not math.isfinite(x):
+        # serde_json has no NaN/Infinity literals and rejects out-of-range numbers
+        raise _bad(line, field, v, "invalid value: expected a finite number", "WL-2")
+    return x
+
+
+def _convert(line: int | None, field: str, v: Any) -> Any:
+    if v is None:
+        return None
+    if field in ("session_id", "policy_class"):
+        if not isinstance(v, str):
+            raise _bad(line, field, v, "invalid type: expected a string", "WL-2")
+        return v
+    if field in ("input_length", "output_length"):
+        return _as_uint(line, field, v, _U64_MAX)
+    if field == "hash_ids":
+        if not isinstance(v, (list, tuple)):
+            raise _bad(line, field, v, "invalid type: expected an array of u64", "WL-2")
+        return tuple(_as_uint(line, field, h, _U64_MAX) for h in v)
+    if field in ("timestamp", "delay"):
+        return _as_f64(line, field, v)
+    if field == "priority":
+        if isinstance(v, bool) or not isinstance(v, int) or not _I32_MIN <= v <= _I32_MAX:
+            raise _bad(line, field, v, "invalid value: expected an i32", "WL-2")
+        return v
+    if field == "strict_priority":
+        return _as_uint(line, field, v, _U32_MAX)
+    raise AssertionError(field)  # pragma: no cover
+
+
+def parse_mooncake_row(raw: Any, line: int | None = None) -> MooncakeRow:
+    """WL-1/WL-2: decode one row with upstream's (serde) acceptance rules.
+
+    ``raw`` is a JSON object (dict) or, as serde also accepts for a struct, a
+    JSON array read positionally in :data:`MOONCAKE_FIELDS` order (missing
+    trailing elements are absent fields).  Unknown keys are ignored; a key given
+    both under its name and its alias is a duplicate-field error; ``null`` means
+    absent.  ``line`` (1-based) is only used in error messages.
+    """
+    values: dict[str, Any] = {}
+    if isinstance(raw, Mapping):
+        for key, v in raw.items():
+            canonical = MOONCAKE_ALIASES.get(key, key)
+            if canonical not in MOONCAKE_FIELDS:
+                continue
+            if canonical in values:
+                raise _bad(line, canonical, v, f"duplicate field `{canonical}`", "WL-2")
+            values[canonical] = v
+    elif isinstance(raw, (list, tuple)):
+        if len(raw) > len(MOONCAKE_FIELDS):
+            raise _bad(line, "row", raw, f"invalid length {len(raw)}, expected at most {len(MOONCAKE_FIELDS)} elements", "WL-2")
+        values = dict(zip(MOONCAKE_FIELDS, raw))
+    else:
+        raise _bad(line, "row", raw, "invalid type: expected a JSON object", "WL-2")
+    return MooncakeRow(**{k: _convert(line, k, v) for k, v in values.items()})
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid JSON literal {name}")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key `{k}`")
+        out[k] = v
+    return out
+
+
+def _strict_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError("number out of range")
+    return x
+
+
+def parse_mooncake_line(text: str, line: int) -> MooncakeRow | None:
+    """WL-3: parse one text line; ``None`` for a blank (whitespace-only) line.
+
+    JSON is read strictly like serde_json: no NaN/Infinity literals, no
+    out-of-range numbers, no repeated keys.
+    """
+    if not text.strip():
+        return None
+    try:
+        raw = json.loads(
+            text,
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_reject_constant,
+            parse_float=_strict_float,
+        )
+    except ValueError as exc:  # JSONDecodeError is a ValueError
+        raise _bad(line, "json", text, f"failed to parse line {line} as JSON: {exc}", "WL-3") from None
+    return parse_mooncake_row(raw, line)
+
+
+# ---------------------------------------------------------------------------
+# WL-5..WL-9: rows to sessions
+# ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class TurnTrace:
+    """One request of a session (upstream ``TurnTrace``); ``source_line`` is 1-based or None."""
+
+    input_length: int
+    max_output_tokens: int
+    hash_ids: tuple[int, ...] = attrs.field(converter=tuple)
+    delay_after_previous_ms: float = 0.0
+    priority: int = 0
+    strict_priority: int = 0
+    policy_class: str | None = None
+    source_line: int | None = attrs.field(default=None, eq=False)
+
+
+@attrs.frozen
+class SessionTrace:
+    session_id: str
+    first_arrival_timestamp_ms: float | None
+    turns: tuple[TurnTrace, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class Trace:
+    """Sessions in first-appearance order; ``block_size`` is the trace block size."""
+
+    block_size: int
+    sessions: tuple[SessionTrace, ...] = attrs.field(converter=tuple)
+
+
+def trace_from_mooncake_rows(
+    rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]], trace_block_size: int
+) -> Trace:
+    """WL-5..WL-9: build a :class:`Trace` from ``(line_number, row)`` pairs.
+
+    ``row`` may be a :class:`MooncakeRow`, a decoded JSON value (parsed with
+    :func:`parse_mooncake_row`) or ``None`` for a skipped blank line.  Line
+    numbers are 1-based and count blank lines.
+    """
+    if isinstance(trace_block_size, bool) or not isinstance(trace_block_size, int) or trace_block_size <= 0:
+        raise InvalidInput("trace_block_size", trace_block_size, "trace_block_size must be greater than 0", rule="WL-5")
+    sessions: list[dict[str, Any]] = []
+    index: dict[str, int] = {}
+    last_ts: list[float | None] = []
+
+    for line, raw in rows:
+        if raw is None:
+            continue
+        row = raw if isinstance(raw, MooncakeRow) else parse_mooncake_row(raw, line)
+        session_id = row.session_id if row.session_id is not None else f"request_{line}"
+        if row.hash_ids is None:
+            raise _bad(line, "hash_ids", None, f"trace line {line} is missing hash_ids", "WL-5")
+        capacity = len(row.hash_ids) * trace_block_size
+        if capacity > _U64_MAX:
+            raise _bad(line, "hash_ids", len(row.hash_ids), f"trace line {line} synthesized capacity overflow", "WL-5")
+        input_length = min(row.input_length if row.input_length is not None else capacity, capacity)
+        if row.output_length is None:
+            raise _bad(line, "output_length", None, f"trace line {line} is missing output_length", "WL-5")
+
+        if session_id not in index:
+            index[session_id] = len(sessions)
+            sessions.append({"id": session_id, "first": row.timestamp, "turns": []})
+            last_ts.append(row.timestamp)
+        si = index[session_id]
+        sess = sessions[si]
+        if not sess["turns"]:
+            delay = row.delay if row.delay is not None else 0.0
+            if delay != 0.0:
+                raise _bad(line, "delay", row.delay,
+                           f"trace line {line} sets delay on the first turn of session {session_id}", "WL-7")
+            delay = 0.0
+        elif row.delay is not None:
+            delay = row.delay
+        elif row.timestamp is not None:
+            prev = last_ts[si]
+            if prev is None:
+                raise _bad(line, "timestamp", row.timestamp,
+                           f"trace line {line} for session {session_id} cannot infer delay without a previous timestamp",
+                           "WL-7")
+            delay = row.timestamp - prev
+        else:
+            delay = 0.0
+        if not math.isfinite(delay) or delay < 0.0:
+            raise _bad(line, "delay", delay, f"trace line {line} has invalid delay {delay}", "WL-7")
+
+        sess["turns"].append(
+            TurnTrace(
+                input_length=input_length,
+                max_output_tokens=row.output_length,
+                hash_ids=row.hash_ids,
+                delay_after_previous_ms=delay,
+                priority=row.priority if row.priority is not None else 0,
+                strict_priority=row.strict_priority if row.strict_priority is not None else 0,
+                policy_class=row.policy_class,
+                source_line=line,
+            )
+        )
+        if row.timestamp is not None:
+            last_ts[si] = row.timestamp
+
+    if not sessions:
+        raise InvalidInput("trace", None, "trace file did not contain any requests", rule="WL-5")
+    return Trace(
+        block_size=trace_block_size,
+        sessions=tuple(SessionTrace(s["id"], s["first"], tuple(s["turns"])) for s in sessions),
+    )
+
+
+def trace_from_mooncake_lines(lines: Iterable[str], trace_block_size: int) -> Trace:
+    """WL-3: :func:`trace_from_mooncake_rows` over text lines numbered from 1.
+
+    Rows are parsed lazily, so an error in an early line is reported before a
+    later line is looked at (upstream reads line by line too).
+    """
+
+    def rows() -> Iterable[tuple[int, MooncakeRow | None]]:
+        for i, text in enumerate(lines, start=1):
+            yield i, parse_mooncake_line(text, i)
+
+    return trace_from_mooncake_rows(rows(), trace_block_size)
+
+
+# ---------------------------------------------------------------------------
+# WL-10: tokens
+# ---------------------------------------------------------------------------
+
+
+def synthesize_tokens(turn: TurnTrace, trace_block_size: int) -> tuple[int, ...]:
+    """WL-10: each hash id ``h`` becomes ``h mod 2**32`` repeated ``trace_block_size`` times, cut at ``input_length``."""
+    if trace_block_size <= 0:
+        raise InvalidInput("trace_block_size", trace_block_size, "trace_block_size must be greater than 0", rule="WL-10")
+    capacity = len(turn.hash_ids) * trace_block_size
+    if capacity < turn.input_length:
+        raise InvalidInput(
+            "input_length", turn.input_length,
+            f"input_length {turn.input_length} exceeds synthesized capacity {capacity}", rule="WL-10",
+        )
+    out: list[int] = []
+    for h in turn.hash_ids:
+        out.extend([h & _U32_MAX] * trace_block_size)
+        if len(out) >= turn.input_length:
+            del out[turn.input_length:]
+            break
+    if len(out) != turn.input_length:
+        # only reachable with input_length 0 and no hash ids left to stop the loop
+        raise InvalidInput(
+            "input_length", turn.input_length,
+            f"failed to synthesize {turn.input_length} tokens from {len(turn.hash_ids)} hash_ids", rule="WL-10",
+        )
+    return tuple(out)
+
+
+def cumulative_session_tokens(session: SessionTrace, trace_block_size: int) -> tuple[tuple[int, ...], ...]:
+    """WL-18 (``mooncake-delta``): turn k's prompt is turns 0..k's tokens concatenated."""
+    acc: list[int] = []
+    out = []
+    for turn in session.turns:
+        acc.extend(synthesize_tokens(turn, trace_block_size))
+        out.append(tuple(acc))
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------
+# WL-11..WL-13: timing and validation
+# ---------------------------------------------------------------------------
+
+
+def normalize_session_starts(trace: Trace) -> Trace:
+    """WL-11: subtract the minimum first timestamp (over sessions that have one)."""
+    firsts = [s.first_arrival_timestamp_ms for s in trace.sessions if s.first_arrival_timestamp_ms is not None]
+    if not firsts:
+        return trace
+    m = min(firsts, key=total_order_key)
+    return attrs.evolve(
+        trace,
+        sessions=tuple(
+            s if s.first_arrival_timestamp_ms is None
+            else attrs.evolve(s, first_arrival_timestamp_ms=s.first_arrival_timestamp_ms - m)
+            for s in trace.sessions
+        ),
+    )
+
+
+def _check_ratio(ratio: float, name: str, rule: str) -> None:
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0.0:
+        raise InvalidInput(name, ratio, f"ratio must be a finite positive number, got {ratio}", rule=rule)
+
+
+def speed_up_timing(trace: Trace, ratio: float) -> Trace:
+    """WL-12: divide every first timestamp and every inter-turn delay by ``ratio``."""
+    _check_ratio(ratio, "arrival_speedup_ratio", "WL-12")
+    r = float(ratio)
+    return attrs.evolve(
+        trace,
+        sessions=tuple(
+            attrs.evolve(
+                s,
+                first_arrival_timestamp_ms=None if s.first_arrival_timestamp_ms is None
+                else s.first_arrival_timestamp_ms / r,
+                turns=tuple(attrs.evolve(t, delay_after_previous_ms=t.delay_after_previous_ms / r) for t in s.turns),
+            )
+            for s in trace.sessions
+        ),
+    )
+
+
+def _validate(trace: Trace, allow_missing_first_timestamp: bool) -> None:
+    if trace.block_size <= 0:
+        raise InvalidInput("trace_block_size", trace.block_size, "block_size must be greater than 0", rule="WL-9")
+    if not trace.sessions:
+        raise InvalidInput("trace", None, "trace must contain at least one session", rule="WL-9")
+    for s in trace.sessions:
+        first_line = s.turns[0].source_line if s.turns else None
+        if not s.turns:
+            raise InvalidInput("session", s.session_id, f"session {s.session_id} must contain at least one turn", rule="WL-9")
+        ts = s.first_arrival_timestamp_ms
+        if ts is None and not allow_missing_first_timestamp:
+            raise _bad(first_line, "timestamp", None,
+                       f"trace mode requires first_arrival_timestamp_ms for session {s.session_id}", "WL-9")
+        if ts is not None and (not math.isfinite(ts) or ts < 0.0):
+            raise _bad(first_line, "timestamp", ts,
+                       f"session {s.session_id} has invalid first_arrival_timestamp_ms {ts}", "WL-9")
+        for k, t in enumerate(s.turns):
+            if t.input_length == 0:
+                raise _bad(t.source_line, "input_length", 0,
+                           f"session {s.session_id} turn {k} must have a positive input_length", "WL-9")
+            if not t.hash_ids:
+                raise _bad(t.source_line, "hash_ids", [],
+                           f"session {s.session_id} turn {k} must contain at least one hash id", "WL-9")
+            cap = len(t.hash_ids) * trace.block_size
+            if cap < t.input_length:
+                raise _bad(t.source_line, "input_length", t.input_length,
+                           f"session {s.session_id} turn {k} input_length {t.input_length} exceeds synthesized capacity {cap}",
+                           "WL-9")
+            d = t.delay_after_previous_ms
+            if not math.isfinite(d) or d < 0.0:
+                raise _bad(t.source_line, "delay", d, f"session {s.session_id} turn {k} has invalid delay {d}", "WL-9")
+            if k == 0 and d != 0.0:
+                raise _bad(t.source_line, "delay", d,
+                           f"session {s.session_id} first turn must have delay_after_previous_ms == 0.0", "WL-9")
+
+
+def validate_for_trace_mode(trace: Trace) -> None:
+    """WL-9: every session needs a finite non-negative first timestamp; every turn a prompt."""
+    _validate(trace, False)
+
+
+def validate_for_concurrency_mode(trace: Trace) -> None:
+    """WL-9: as :func:`validate_for_trace_mode`, but a missing first timestamp is allowed."""
+    _validate(trace, True)
+
+
+def is_single_turn(trace: Trace) -> bool:
+    """WL-14: every session has exactly one turn."""
+    return all(len(s.turns) == 1 for s in trace.sessions)
+
+
+# ---------------------------------------------------------------------------
+# WL-13..WL-15: flat requests
+# ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ReplayRequest:
+    """One request handed to the replay (upstream ``DirectRequest``, ``dp_rank`` 0)."""
+
+    uuid: str
+    tokens: tuple[int, ...] = attrs.field(converter=tuple, repr=lambda t: f"<{len(t)} tokens>")
+    max_output_tokens: int
+    arrival_timestamp_ms: float | None = None
+    priority: int = 0
+    strict_priority: int = 0
+    policy_class: str | None = None
+
+
+def to_single_turn_requests(trace: Trace) -> tuple[ReplayRequest, ...]:
+    """WL-13: one request per (single-turn) session, uuid ``i+1`` in session order."""
+    out = []
+    for i, s in enumerate(trace.sessions):
+        if len(s.turns) != 1:
+            raise InvalidInput(
+                "session", s.session_id,
+                f"to_single_turn_requests requires exactly one turn per session, but session {s.session_id} has {len(s.turns)} turns",
+                rule="WL-13",
+            )
+        t = s.turns[0]
+        out.append(
+            ReplayRequest(
+                uuid=uuid_from_int(i + 1),
+                tokens=synthesize_tokens(t, trace.block_size),
+                max_output_tokens=t.max_output_tokens,
+                arrival_timestamp_ms=s.first_arrival_timestamp_ms,
+                priority=t.priority,
+                strict_priority=t.strict_priority,
+                policy_class=t.policy_class,
+            )
+        )
+    return tuple(out)
+
+
+def normalize_trace_requests(requests: Sequence[ReplayRequest], arrival_speedup_ratio: float) -> tuple[ReplayRequest, ...]:
+    """WL-15: stable sort by arrival (IEEE total order), subtract the first, divide by the ratio."""
+    _check_ratio(arrival_speedup_ratio, "arrival_speedup_ratio", "WL-15")
+    for r in requests:
+        if r.arrival_timestamp_ms is None:
+            raise InvalidInput("arrival_timestamp_ms", None,
+                               "trace replay requests must have an arrival timestamp", rule="WL-15")
+    ordered = sorted(requests, key=lambda r: total_order_key(r.arrival_timestamp_ms))  # stable
+    if not ordered:
+        raise InvalidInput("requests", (), "trace replay requires at least one timestamped request", rule="WL-15")
+    first = ordered[0].arrival_timestamp_ms
+    ratio = float(arrival_speedup_ratio)
+    return tuple(attrs.evolve(r, arrival_timestamp_ms=(r.arrival_timestamp_ms - first) / ratio) for r in ordered)
+
+
+@attrs.frozen
+class FlatWorkload:
+    """WL-14: the flat request path; requests in replay (arrival) order."""
+
+    requests: tuple[ReplayRequest, ...] = attrs.field(converter=tuple)
+
+
+@attrs.frozen
+class SessionWorkload:
+    """WL-14: the session path, run by a workload driver (multi-turn traces, synthetic workloads)."""
+
+    trace: Trace
+    #: ``mooncake-delta``: turn prompts accumulate per session (WL-18)
+    accumulate_deltas: bool = False
+
+
+def load_trace_workload(
+    rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]],
+    trace_block_size: int = 512,
+    arrival_speedup_ratio: float = 1.0,
+    trace_format: str = "mooncake",
+) -> FlatWorkload | SessionWorkload:
+    """WL-14: the offline (non-concurrency) trace-file pipeline for ``mooncake`` / ``mooncake-delta``.
+
+    Order of checks as upstream: parse every row, normalize, speed up (ratio
+    check), then validate.  Single-turn traces give a :class:`FlatWorkload`
+    (request ``i`` of the file gets uuid ``i+1``), others a :class:`SessionWorkload`.
+    """
+    if trace_format not in ("mooncake", "mooncake-delta"):
+        raise InvalidInput("trace_format", trace_format,
+                           "only 'mooncake' and 'mooncake-delta' are modelled", rule="WL-19")
+    trace = speed_up_timing(normalize_session_starts(trace_from_mooncake_rows(rows, trace_block_size)),
+                            arrival_speedup_ratio)
+    validate_for_trace_mode(trace)
+    if is_single_turn(trace):
+        return FlatWorkload(normalize_trace_requests(to_single_turn_requests(trace), 1.0))
+    return SessionWorkload(trace, accumulate_deltas=trace_format == "mooncake-delta")
+
+
+# ---------------------------------------------------------------------------
+# WL-16..WL-17: synthetic inputs
+# ---------------------------------------------------------------------------
+
+#: WL-17: seed of upstream's synthetic RNG (only draws prefix-group ids; see there)
+SYNTHETIC_SEED = 42
+#: WL-17: high bits of a shared-prefix hash id (``| group << 32 | block_idx``)
+SYNTHETIC_PREFIX_TAG = 0xD00D_0000_0000_0000
+_M64 = _U64_MAX
+
+
+def synthetic_token_id(request_idx: int, token_idx: int) -> int:
+    """WL-16: splitmix64 finalizer of ``(request_idx << 32) ^ token_idx``, low 32 bits, 0 -> 1."""
+    v = (((request_idx << 32) ^ token_idx) + 0x9E37_79B9_7F4A_7C15) & _M64
+    v ^= v >> 30
+    v = (v * 0xBF58_476D_1CE4_E5B9) & _M64
+    v ^= v >> 27
+    v = (v * 0x94D0_49BB_1331_11EB) & _M64
+    v ^= v >> 31
+    token = v & _U32_MAX
+    return token if token != 0 else 1
+
+
+def _check_count(name: str, v: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise InvalidInput(name, v, f"{name} must be at least 1", rule="WL-16")
+
+
+def _check_nonneg(name: str, v: float, rule: str) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0.0:
+        raise InvalidInput(name, v, f"{name} must be a finite non-negative number", rule=rule)
+
+
+def synthetic_requests(
+    input_tokens: int,
+    output_tokens: int,
+    request_count: int,
+    arrival_interval_ms: float,
+    include_arrival_timestamps: bool = True,
+) -> tuple[ReplayRequest, ...]:
+    """WL-16: the flat synthetic requests; uuid ``i+1``, arrival ``i * interval`` (or None)."""
+    _check_count("input_tokens", input_tokens)
+    _check_count("output_tokens", output_tokens)
+    _check_count("request_count", request_count)
+    _check_nonneg("arrival_interval_ms", arrival_interval_ms, "WL-16")
+    interval = float(arrival_interval_ms)
+    return tuple(
+        ReplayRequest(
+            uuid=uuid_from_int(i + 1),
+            tokens=tuple(synthetic_token_id(i, j) for j in range(input_tokens)),
+            max_output_tokens=output_tokens,
+            arrival_timestamp_ms=float(i) * interval if include_arrival_timestamps else None,
+        )
+        for i in range(request_count)
+    )
+
+
+def _round_half_away(x: float) -> int:
+    whole = math.floor(x)
+    return int(whole) + (1 if x - whole >= 0.5 else 0)
+
+
+def synthetic_workload(
+    block_size: int,
+    input_tokens: int,
+    output_tokens: int,
+    request_count: int,
+    arrival_interval_ms: float = 1.0,
+    turns_per_session: int = 1,
+    shared_prefix_ratio: float = 0.0,
+    num_prefix_groups: int = 0,
+    inter_turn_delay_ms: float = 0.0,
+) -> Trace:
+    """WL-17: upstream ``build_synthetic_workload`` + ``Trace::synthetic`` (seed 42).
+
+    ``request_count`` sessions of ``turns_per_session`` turns.  Session ``k``
+    starts at the sequential sum of ``k`` gaps of ``1000 / (1000 / interval)``
+    (all 0 for a zero interval).  Each turn has ``ceil(input_tokens /
+    block_size)`` hash ids: the first ``min(n, round_half_away(n * ratio))`` are
+    the shared prefix ``TAG | group << 32 | block_idx`` when prefix groups are on
+    (``num_prefix_groups > 0`` and ``ratio > 0``), the rest come from one global
+    counter starting at 1.  Abstraction: upstream draws each session's group
+    from a ChaCha12 RNG; the group only sets bits 32..63 of the hash id, which
+    the token expansion (``h mod 2**32``, WL-10) discards, so every group yields
+    the same tokens.  The model uses group 0 for every session: hash ids may
+    differ from upstream's in those bits; tokens, block hashes and therefore
+    every scheduling outcome are identical.
+    """
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise InvalidInput("block_size", block_size, "block_size must be greater than 0", rule="WL-17")
+    _check_count("input_tokens", input_tokens)
+    _check_count("output_tokens", output_tokens)
+    _check_count("request_count", request_count)
+    _check_count("turns_per_session", turns_per_session)
+    _check_nonneg("arrival_interval_ms", arrival_interval_ms, "WL-17")
+    _check_nonneg("inter_turn_delay_ms", inter_turn_delay_ms, "WL-17")
+    if isinstance(shared_prefix_ratio, bool) or not isinstance(shared_prefix_ratio, (int, float)) \
+            or not 0.0 <= shared_prefix_ratio <= 1.0:
+        raise InvalidInput("shared_prefix_ratio", shared_prefix_ratio,
+                           f"shared_prefix_ratio must be between 0.0 and 1.0, got {shared_prefix_ratio}", rule="WL-17")
+    if isinstance(num_prefix_groups, bool) or not isinstance(num_prefix_groups, int) or num_prefix_groups < 0:
+        raise InvalidInput("num_prefix_groups", num_prefix_groups, "must be a non-negative integer", rule="WL-17")
+
+    interval = float(arrival_interval_ms)
+    gap = 0.0 if interval == 0.0 else 1000.0 / (1000.0 / interval)
+    grouped = num_prefix_groups > 0 and shared_prefix_ratio > 0.0
+    group = 0  # see the abstraction note above
+    delay = float(inter_turn_delay_ms)
+
+    sessions = []
+    next_arrival = 0.0
+    next_unique = 1
+    for k in range(request_count):
+        if k > 0:
+            next_arrival += gap
+        first = 0.0 if k == 0 else next_arrival
+        turns = []
+        for turn_idx in range(turns_per_session):
+            num_blocks = -(-input_tokens // block_size)
+            prefix_blocks = min(_round_half_away(float(num_blocks) * float(shared_prefix_ratio)), num_blocks)
+            hash_ids: list[int] = []
+            if grouped:
+                hash_ids.extend(SYNTHETIC_PREFIX_TAG | (group << 32) | b for b in range(prefix_blocks))
+            while len(hash_ids) < num_blocks:
+                hash_ids.append(next_unique)
+                next_unique += 1
+            turns.append(
+                TurnTrace(
+                    input_length=input_tokens,
+                    max_output_tokens=output_tokens,
+                    hash_ids=tuple(hash_ids),
+                    delay_after_previous_ms=0.0 if turn_idx == 0 else delay,
+                )
+            )
+        sessions.append(SessionTrace(f"session_{k}", first, tuple(turns)))
+    return Trace(block_size=block_size, sessions=tuple(sessions))
+
+
+def synthetic_replay_workload(
+    engine_block_size: int,
+    input_tokens: int,
+    output_tokens: int,
+    request_count: int,
+    arrival_interval_ms: float = 1.0,
+    turns_per_session: int = 1,
+    shared_prefix_ratio: float = 0.0,
+    num_prefix_groups: int = 0,
+    inter_turn_delay_ms: float = 0.0,
+    arrival_speedup_ratio: float = 1.0,
+    replay_concurrency: int | None = None,
+) -> FlatWorkload | SessionWorkload:
+    """WL-16/WL-17: what ``run_mocker_synthetic_trace_replay`` replays (offline).
+
+    ``engine_block_size`` is the aggregated engine's block size, or the prefill
+    engine's in disaggregated mode (floored at 1).  The workload path is taken
+    when ``turns_per_session > 1``, ``shared_prefix_ratio > 0``,
+    ``num_prefix_groups > 0`` or ``inter_turn_delay_ms > 0``; timing is sped up
+    unless ``replay_concurrency`` is set.  The flat path normalizes arrivals with
+    the real ratio (WL-15); in concurrency mode its arrivals stay None.
+    """
+    if replay_concurrency is not None and (
+        isinstance(replay_concurrency, bool) or not isinstance(replay_concurrency, int) or replay_concurrency < 1
+    ):
+        raise InvalidInput("replay_concurrency", replay_concurrency, "replay_concurrency must be at least 1", rule="WL-16")
+    use_workload = (
+        turns_per_session > 1 or shared_prefix_ratio > 0.0 or num_prefix_groups > 0 or inter_turn_delay_ms > 0.0
+    )
+    if use_workload:
+        trace = synthetic_workload(
+            max(engine_block_size, 1), input_tokens, output_tokens, request_count, arrival_interval_ms,
+            turns_per_session, shared_prefix_ratio, num_prefix_groups, inter_turn_delay_ms,
+        )
+        if replay_concurrency is None:
+            trace = speed_up_timing(trace, arrival_speedup_ratio)
+        return SessionWorkload(trace)
+    reqs = synthetic_requests(input_tokens, output_tokens, request_count, arrival_interval_ms,
+                              include_arrival_timestamps=replay_concurrency is None)
+    if replay_concurrency is None:
+        reqs = normalize_trace_requests(reqs, arrival_speedup_ratio)
+    return FlatWorkload(reqs)
