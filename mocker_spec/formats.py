@@ -1,0 +1,218 @@
+"""File formats of offline replay: trace JSONL in, report JSONL and summary JSON out.
+
+Shell code (I/O); the rules live in the pure modules ``model.workload`` (WL-*)
+and ``model.report`` (REP-*), see spec/replay.md.
+
+Writes are atomic: the content goes to a temporary file in the target
+directory, is flushed and fsynced, then renamed over the target, so a reader
+never sees a half-written file and a failed write leaves the old file alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from model.errors import InvalidInput
+from model.report import PerRequestRecord, REPORT_FIELDS, TerminalStatus
+from model.workload import (
+    FlatWorkload,
+    SessionWorkload,
+    Trace,
+    load_trace_workload,
+    parse_mooncake_line,
+    trace_from_mooncake_rows,
+)
+
+__all__ = [
+    "read_trace_lines",
+    "read_trace",
+    "load_trace_file",
+    "format_json_float",
+    "dumps_compact",
+    "record_line",
+    "write_report_jsonl",
+    "read_report_jsonl",
+    "summary_text",
+    "write_summary_json",
+    "atomic_write_text",
+]
+
+
+# ---------------------------------------------------------------------------
+# reading traces (WL-3)
+# ---------------------------------------------------------------------------
+
+
+def read_trace_lines(path: str | os.PathLike[str]) -> list[str]:
+    """WL-3: the lines of a trace file, split like Rust ``BufRead::lines``.
+
+    Lines end at ``\\n``; one trailing ``\\r`` is dropped; a final newline does
+    not start another line.  Invalid UTF-8 is an error naming the line.
+    """
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise InvalidInput("trace_file", str(p), f"failed to open trace file: {exc.strerror or exc}", rule="WL-3") from None
+    chunks = data.split(b"\n")
+    if chunks and chunks[-1] == b"":
+        chunks.pop()
+    lines = []
+    for i, raw in enumerate(chunks, start=1):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            err = InvalidInput(f"trace line {i}: bytes", raw[:40], f"failed to read line {i}: invalid UTF-8", rule="WL-3")
+            err.line = i  # type: ignore[attr-defined]
+            raise err from None
+    return lines
+
+
+def _rows(lines: Iterable[str]):
+    for i, text in enumerate(lines, start=1):
+        yield i, parse_mooncake_line(text, i)
+
+
+def read_trace(path: str | os.PathLike[str], trace_block_size: int = 512) -> Trace:
+    """WL-3..WL-8: parse a mooncake JSONL file into sessions (no timing changes)."""
+    return trace_from_mooncake_rows(_rows(read_trace_lines(path)), trace_block_size)
+
+
+def load_trace_file(
+    path: str | os.PathLike[str],
+    trace_block_size: int = 512,
+    arrival_speedup_ratio: float = 1.0,
+    trace_format: str = "mooncake",
+) -> FlatWorkload | SessionWorkload:
+    """WL-14: the full offline trace-file pipeline (see ``model.workload.load_trace_workload``)."""
+    return load_trace_workload(_rows(read_trace_lines(path)), trace_block_size, arrival_speedup_ratio, trace_format)
+
+
+# ---------------------------------------------------------------------------
+# serde_json-compatible serialization (REP-3)
+# ---------------------------------------------------------------------------
+
+
+def _shortest_digits(x: float) -> tuple[str, int]:
+    """Shortest round-trip digits of ``abs(x) > 0`` and ``kk`` with ``x = 0.DIGITS * 10**kk``."""
+    r = repr(abs(x))
+    mant, _, exp = r.partition("e")
+    e = int(exp) if exp else 0
+    whole, _, frac = mant.partition(".")
+    digits = (whole + frac).lstrip("0")
+    # position of the decimal point relative to the start of whole+frac
+    point = len(whole) + e
+    lead = len(whole + frac) - len((whole + frac).lstrip("0"))
+    digits = digits.rstrip("0")
+    return digits, point - lead
+
+
+def format_json_float(x: float) -> str:
+    """REP-3: a float as serde_json writes it (ryu shortest form; ``null`` if not finite).
+
+    Same digits as Python's ``repr``; the layout differs: plain notation for
+    decimal exponents ``-5 < kk <= 16`` (so ``1e-05`` prints ``0.00001``), else
+    ``1.5e-7`` / ``1e16`` style without ``+`` or zero padding.
+    """
+    if not math.isfinite(x):
+        return "null"
+    if x == 0.0:
+        return "-0.0" if math.copysign(1.0, x) < 0 else "0.0"
+    sign = "-" if x < 0 else ""
+    digits, kk = _shortest_digits(x)
+    n = len(digits)
+    k = kk - n
+    if 0 <= k and kk <= 16:
+        body = digits + "0" * k + ".0"
+    elif 0 < kk <= 16:
+        body = digits[:kk] + "." + digits[kk:]
+    elif -5 < kk <= 0:
+        body = "0." + "0" * (-kk) + digits
+    elif n == 1:
+        body = f"{digits}e{kk - 1}"
+    else:
+        body = f"{digits[0]}.{digits[1:]}e{kk - 1}"
+    return sign + body
+
+
+def dumps_compact(value: Any) -> str:
+    """REP-3: ``serde_json::to_string`` of a JSON value (no spaces, UTF-8 kept, ryu floats)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, TerminalStatus):
+        return json.dumps(value.value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return format_json_float(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{json.dumps(str(k), ensure_ascii=False)}:{dumps_compact(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(dumps_compact(v) for v in value) + "]"
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def record_line(record: PerRequestRecord | Mapping[str, Any]) -> str:
+    """REP-3: one JSONL row (without the newline), keys in :data:`REPORT_FIELDS` order."""
+    d = record.to_dict() if isinstance(record, PerRequestRecord) else record
+    return dumps_compact({k: d[k] for k in REPORT_FIELDS})
+
+
+# ---------------------------------------------------------------------------
+# atomic writes
+# ---------------------------------------------------------------------------
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` via temp file + fsync + rename; creates parent dirs."""
+    target = Path(path)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return target
+
+
+def write_report_jsonl(path: str | os.PathLike[str], records: Iterable[PerRequestRecord | Mapping[str, Any]]) -> Path:
+    """REP-3..REP-5: one compact JSON object per line, newline-terminated, in the given order."""
+    text = "".join(record_line(r) + "\n" for r in records)
+    return atomic_write_text(path, text)
+
+
+def read_report_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Read a report JSONL back into dicts (key order preserved)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def summary_text(summary: Mapping[str, Any]) -> str:
+    """REP-18: the summary as the ``dynamo.replay`` CLI saves it (indent 2, sorted keys, final newline)."""
+    return json.dumps(dict(summary), indent=2, sort_keys=True) + "\n"
+
+
+def write_summary_json(path: str | os.PathLike[str], summary: Mapping[str, Any]) -> Path:
+    """REP-18: write :func:`summary_text` atomically."""
+    return atomic_write_text(path, summary_text(summary))
