@@ -1,0 +1,865 @@
+"""Engine arguments: the model's ``MockEngineArgs``.
+
+Normative text: ``spec/engine-args.md`` (rules ARGS-1 .. ARGS-18).
+
+:class:`EngineArgs` holds every argument that changes behaviour of the default
+build (no ``kvbm-offload``, no AIC, no NPZ perf model).  Constructing one
+applies upstream's normalisation (``materialize_defaults``) and validation, so
+an ``EngineArgs`` value is always normalised: ``block_size`` is the effective
+block size, never 0.
+
+:func:`engine_args_from_json` reads the JSON object accepted by the mocker's
+``--extra-engine-args`` file / ``MockEngineArgs.from_json`` (``dialect="json"``,
+the default) or the keyword arguments of the Python constructor
+``MockEngineArgs(**kwargs)`` (``dialect="kwargs"``; nested ``sglang`` /
+``trtllm`` / ``reasoning`` values are then dicts of the nested constructor's
+keyword arguments).  Every rejection is one :class:`InvalidInput` naming the
+field and the value.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any, Mapping, Optional
+
+import attrs
+
+from model.errors import InvalidInput
+
+# ---------------------------------------------------------------------------
+# Enumerations (ARGS-3)
+# ---------------------------------------------------------------------------
+
+
+class EngineType(str, enum.Enum):
+    """Which scheduler core runs: vLLM and TRT-LLM share one core, SGLang has its own."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+class WorkerType(str, enum.Enum):
+    """Role of a worker in (dis)aggregated serving."""
+
+    AGGREGATED = "aggregated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class PreemptionMode(str, enum.Enum):
+    """vLLM victim choice under KV pressure: LIFO = newest running request, FIFO = oldest."""
+
+    LIFO = "lifo"
+    FIFO = "fifo"
+
+
+class KvTransferTimingMode(str, enum.Enum):
+    """Token count charged for a disaggregated KV transfer (TIME-12)."""
+
+    FULL_PROMPT = "full_prompt"
+    DESTINATION_MISSING = "destination_missing"
+
+
+class RouterQueuePolicy(str, enum.Enum):
+    """Replay-only override of the KV router's pending-queue policy."""
+
+    FCFS = "fcfs"
+    LCFS = "lcfs"
+    WSPT = "wspt"
+
+
+class SchedulePolicy(str, enum.Enum):
+    """SGLang waiting-queue policy after ARGS-12 resolution."""
+
+    FIFO = "fifo"
+    LPM = "lpm"
+
+
+class SchedulingPolicy(str, enum.Enum):
+    """Admission policy of the shared vLLM core (ARGS-16)."""
+
+    VLLM = "vllm"
+    TRTLLM_GUARANTEED_NO_EVICT = "trtllm_guaranteed_no_evict"
+
+
+#: ARGS-2: block size used when ``block_size`` is 0 (SGLang: ``sglang.page_size`` first)
+DEFAULT_BLOCK_SIZE = {EngineType.VLLM: 64, EngineType.TRTLLM: 32, EngineType.SGLANG: 1}
+
+#: ARGS-12: SGLang sub-argument defaults
+SGLANG_DEFAULT_MAX_PREFILL_TOKENS = 16384
+SGLANG_DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+SGLANG_DEFAULT_CLIP_MAX_NEW_TOKENS = 4096
+SGLANG_DEFAULT_SCHEDULE_CONSERVATIVENESS = 1.0
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
+SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600.0
+
+#: the only TRT-LLM capacity scheduler policy upstream accepts (ARGS-10)
+TRTLLM_GUARANTEED_NO_EVICT = "guaranteed_no_evict"
+
+_U16_MAX = 2**16 - 1
+_U32_MAX = 2**32 - 1
+_U64_MAX = 2**64 - 1
+_USIZE_MAX = _U64_MAX
+
+
+def _ascii_lower(text: str) -> str:
+    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
+
+
+# ---------------------------------------------------------------------------
+# SGLang sub-arguments (ARGS-11, ARGS-12)
+# ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class SglangArgs:
+    """Rule: ARGS-11. The ``sglang`` sub-object as given (None = not set)."""
+
+    schedule_policy: Optional[str] = None
+    page_size: Optional[int] = None
+    max_prefill_tokens: Optional[int] = None
+    chunked_prefill_size: Optional[int] = None
+    clip_max_new_tokens: Optional[int] = None
+    schedule_conservativeness: Optional[float] = None
+
+
+@attrs.frozen
+class SglangConfig:
+    """Rule: ARGS-12. What the SGLang core reads, with defaults resolved and ratios derived."""
+
+    schedule_policy: SchedulePolicy
+    #: ``max_num_seqs``; None = unlimited
+    max_running_requests: Optional[int]
+    max_prefill_tokens: int
+    chunked_prefill_size: int
+    clip_max_new_tokens: int
+    init_new_token_ratio: float
+    min_new_token_ratio: float
+    new_token_ratio_decay_step: float
+    #: page size (= the normalised ``block_size``)
+    block_size: int
+    #: ``num_gpu_blocks * block_size``
+    total_kv_tokens: int
+
+
+# ---------------------------------------------------------------------------
+# EngineArgs
+# ---------------------------------------------------------------------------
+
+
+def _enum_converter(enum_cls):
+    def convert(value):
+        if isinstance(value, enum_cls):
+            return value
+        return enum_cls(value)
+
+    return convert
+
+
+def _optional_enum_converter(enum_cls):
+    inner = _enum_converter(enum_cls)
+
+    def convert(value):
+        return None if value is None else inner(value)
+
+    return convert
+
+
+@attrs.frozen
+class EngineArgs:
+    """Rule: ARGS-1. Normalised, validated engine arguments (upstream ``MockEngineArgs``).
+
+    Defaults are upstream's builder defaults.  ``block_size=0`` means "engine
+    default" and is replaced on construction (ARGS-2); all range and
+    cross-field rules (ARGS-4 .. ARGS-10) are checked on construction and raise
+    :class:`InvalidInput`.
+    """
+
+    engine_type: EngineType = attrs.field(default=EngineType.VLLM, converter=_enum_converter(EngineType))
+    num_gpu_blocks: int = 16384
+    block_size: int = 0
+    #: None = unlimited
+    max_num_seqs: Optional[int] = 256
+    #: None = unlimited
+    max_num_batched_tokens: Optional[int] = 8192
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    speedup_ratio: float = 1.0
+    decode_speedup_ratio: float = 1.0
+    dp_size: int = 1
+    #: seconds; only used by replay worker scaling (a value <= 0 means no delay)
+    startup_time: Optional[float] = None
+    worker_type: WorkerType = attrs.field(default=WorkerType.AGGREGATED, converter=_enum_converter(WorkerType))
+    kv_bytes_per_token: Optional[int] = None
+    #: GB/s
+    kv_transfer_bandwidth: Optional[float] = None
+    kv_transfer_timing_mode: KvTransferTimingMode = attrs.field(
+        default=KvTransferTimingMode.FULL_PROMPT, converter=_enum_converter(KvTransferTimingMode)
+    )
+    preemption_mode: PreemptionMode = attrs.field(
+        default=PreemptionMode.LIFO, converter=_enum_converter(PreemptionMode)
+    )
+    router_queue_policy: Optional[RouterQueuePolicy] = attrs.field(
+        default=None, converter=_optional_enum_converter(RouterQueuePolicy)
+    )
+    #: only its presence matters (KV events then carry token ids)
+    zmq_kv_events_port: Optional[int] = None
+    handoff_session_timeout_ms: int = 300_000
+    #: GPUs per worker for the GPU-hours statistic (ARGS-17)
+    aic_tp_size: Optional[int] = None
+    aic_attention_dp_size: Optional[int] = None
+    sglang: Optional[SglangArgs] = None
+    #: TRT-LLM ``capacity_scheduler_policy``; validated only (ARGS-10)
+    trtllm_capacity_scheduler_policy: Optional[str] = None
+
+    def __attrs_post_init__(self) -> None:
+        # ARGS-2: materialise the effective block size.
+        if self.block_size == 0:
+            if self.engine_type is EngineType.SGLANG and self.sglang is not None and self.sglang.page_size is not None:
+                object.__setattr__(self, "block_size", self.sglang.page_size)
+            else:
+                object.__setattr__(self, "block_size", DEFAULT_BLOCK_SIZE[self.engine_type])
+        _validate(self)
+
+    # -- derived values ----------------------------------------------------
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.worker_type is WorkerType.PREFILL
+
+    @property
+    def is_decode(self) -> bool:
+        return self.worker_type is WorkerType.DECODE
+
+    @property
+    def total_kv_tokens(self) -> int:
+        """``num_gpu_blocks * block_size``: the KV pool in tokens."""
+        return self.num_gpu_blocks * self.block_size
+
+    def scheduling_policy(self) -> SchedulingPolicy:
+        """Rule: ARGS-16. TRT-LLM admits with guaranteed-no-evict; vLLM (and SGLang) use vLLM rules."""
+        if self.engine_type is EngineType.TRTLLM:
+            return SchedulingPolicy.TRTLLM_GUARANTEED_NO_EVICT
+        return SchedulingPolicy.VLLM
+
+    def needs_kv_publisher(self) -> bool:
+        """Rule: ARGS-16. KV events are produced only with prefix caching on a non-decode worker."""
+        return self.enable_prefix_caching and not self.is_decode
+
+    def effective_handoff_capacity(self) -> int:
+        """Rule: ARGS-17. ``max(max_num_seqs or num_gpu_blocks, 1)``: bound for live handoff queues."""
+        bound = self.max_num_seqs if self.max_num_seqs is not None else self.num_gpu_blocks
+        return max(bound, 1)
+
+    def aic_gpus_per_worker(self) -> int:
+        """Rule: ARGS-17. ``(aic_tp_size or 1) * (aic_attention_dp_size or 1)`` (GPU-hours factor)."""
+        tp = self.aic_tp_size if self.aic_tp_size is not None else 1
+        dp = self.aic_attention_dp_size if self.aic_attention_dp_size is not None else 1
+        return tp * dp
+
+    def startup_time_ms(self) -> Optional[float]:
+        """Rule: ARGS-17. Worker start-up delay in ms: ``startup_time * 1000`` if it is > 0, else None."""
+        if self.startup_time is not None and self.startup_time > 0.0:
+            return self.startup_time * 1000.0
+        return None
+
+    def sglang_config(self) -> SglangConfig:
+        """Rule: ARGS-12. Resolve the SGLang sub-arguments (defaults, policy, new-token ratios)."""
+        sg = self.sglang if self.sglang is not None else SglangArgs()
+        conservativeness = (
+            sg.schedule_conservativeness
+            if sg.schedule_conservativeness is not None
+            else SGLANG_DEFAULT_SCHEDULE_CONSERVATIVENESS
+        )
+        init_ratio = SGLANG_INIT_NEW_TOKEN_RATIO * conservativeness
+        min_ratio = init_ratio * SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
+        decay_step = (init_ratio - min_ratio) / SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
+        return SglangConfig(
+            schedule_policy=resolve_schedule_policy(sg.schedule_policy),
+            max_running_requests=self.max_num_seqs,
+            max_prefill_tokens=(
+                sg.max_prefill_tokens if sg.max_prefill_tokens is not None else SGLANG_DEFAULT_MAX_PREFILL_TOKENS
+            ),
+            chunked_prefill_size=(
+                sg.chunked_prefill_size
+                if sg.chunked_prefill_size is not None
+                else SGLANG_DEFAULT_CHUNKED_PREFILL_SIZE
+            ),
+            clip_max_new_tokens=(
+                sg.clip_max_new_tokens if sg.clip_max_new_tokens is not None else SGLANG_DEFAULT_CLIP_MAX_NEW_TOKENS
+            ),
+            init_new_token_ratio=init_ratio,
+            min_new_token_ratio=min_ratio,
+            new_token_ratio_decay_step=decay_step,
+            block_size=self.block_size,
+            total_kv_tokens=self.total_kv_tokens,
+        )
+
+
+def resolve_schedule_policy(policy: Optional[str]) -> SchedulePolicy:
+    """Rule: ARGS-12. Exact ``"lpm"`` selects LPM; anything else (incl. typos, other case) is FIFO."""
+    if policy == "lpm":
+        return SchedulePolicy.LPM
+    return SchedulePolicy.FIFO
+
+
+def _check_type(field: str, value: Any, kind: type | tuple, rule: str) -> None:
+    if isinstance(value, bool) and kind is not bool and not (isinstance(kind, tuple) and bool in kind):
+        raise InvalidInput(field, value, f"expected {_kind_name(kind)}", rule=rule)
+    if not isinstance(value, kind):
+        raise InvalidInput(field, value, f"expected {_kind_name(kind)}", rule=rule)
+
+
+def _kind_name(kind) -> str:
+    if isinstance(kind, tuple):
+        return " or ".join(k.__name__ for k in kind)
+    return kind.__name__
+
+
+def _validate(a: EngineArgs) -> None:
+    """ARGS-4 .. ARGS-10 on a materialised EngineArgs (upstream ``validate_config``)."""
+    # Types (a directly constructed EngineArgs may hold anything).
+    for name in ("num_gpu_blocks", "block_size", "dp_size", "handoff_session_timeout_ms"):
+        _check_type(name, getattr(a, name), int, "ARGS-4")
+    for name in (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_bytes_per_token",
+        "zmq_kv_events_port",
+        "aic_tp_size",
+        "aic_attention_dp_size",
+    ):
+        value = getattr(a, name)
+        if value is not None:
+            _check_type(name, value, int, "ARGS-4")
+    for name in ("enable_prefix_caching", "enable_chunked_prefill"):
+        _check_type(name, getattr(a, name), bool, "ARGS-4")
+    for name in ("speedup_ratio", "decode_speedup_ratio"):
+        _check_type(name, getattr(a, name), (int, float), "ARGS-4")
+    for name in ("startup_time", "kv_transfer_bandwidth"):
+        value = getattr(a, name)
+        if value is not None:
+            _check_type(name, value, (int, float), "ARGS-4")
+    if a.sglang is not None and not isinstance(a.sglang, SglangArgs):
+        raise InvalidInput("sglang", a.sglang, "expected SglangArgs", rule="ARGS-4")
+
+    # ARGS-5: finite floats (JSON cannot carry NaN/inf; see spec for the kwargs path).
+    for name in ("speedup_ratio", "decode_speedup_ratio", "startup_time", "kv_transfer_bandwidth"):
+        value = getattr(a, name)
+        if value is not None and not math.isfinite(value):
+            raise InvalidInput(name, value, "must be a finite number", rule="ARGS-5")
+    if a.sglang is not None and a.sglang.schedule_conservativeness is not None:
+        if not math.isfinite(a.sglang.schedule_conservativeness):
+            raise InvalidInput(
+                "sglang.schedule_conservativeness",
+                a.sglang.schedule_conservativeness,
+                "must be a finite number",
+                rule="ARGS-5",
+            )
+
+    # ARGS-4: integer widths.
+    _check_range_int("num_gpu_blocks", a.num_gpu_blocks, 0, _USIZE_MAX, "ARGS-4")
+    _check_range_int("block_size", a.block_size, 0, _USIZE_MAX, "ARGS-4")
+    _check_range_int("dp_size", a.dp_size, 0, _U32_MAX, "ARGS-4")
+    _check_range_int("handoff_session_timeout_ms", a.handoff_session_timeout_ms, 0, _U64_MAX, "ARGS-4")
+    for name, hi in (
+        ("max_num_seqs", _USIZE_MAX),
+        ("max_num_batched_tokens", _USIZE_MAX),
+        ("kv_bytes_per_token", _USIZE_MAX),
+        ("zmq_kv_events_port", _U16_MAX),
+        ("aic_tp_size", _USIZE_MAX),
+        ("aic_attention_dp_size", _USIZE_MAX),
+    ):
+        value = getattr(a, name)
+        if value is not None:
+            _check_range_int(name, value, 0, hi, "ARGS-4")
+
+    # ARGS-6: field ranges (validator attributes).
+    if a.num_gpu_blocks < 1:
+        raise InvalidInput("num_gpu_blocks", a.num_gpu_blocks, "must be >= 1", rule="ARGS-6")
+    if a.max_num_seqs is not None and a.max_num_seqs < 1:
+        raise InvalidInput("max_num_seqs", a.max_num_seqs, "must be >= 1 (null means unlimited)", rule="ARGS-6")
+    if a.max_num_batched_tokens is not None and a.max_num_batched_tokens < 1:
+        raise InvalidInput(
+            "max_num_batched_tokens", a.max_num_batched_tokens, "must be >= 1 (null means unlimited)", rule="ARGS-6"
+        )
+    if a.speedup_ratio < 0.0:
+        raise InvalidInput("speedup_ratio", a.speedup_ratio, "must be >= 0", rule="ARGS-6")
+    if a.decode_speedup_ratio < 0.0:
+        raise InvalidInput("decode_speedup_ratio", a.decode_speedup_ratio, "must be >= 0", rule="ARGS-6")
+    if a.dp_size < 1:
+        raise InvalidInput("dp_size", a.dp_size, "must be >= 1", rule="ARGS-6")
+    if a.startup_time is not None and a.startup_time < 0.0:
+        raise InvalidInput("startup_time", a.startup_time, "must be >= 0", rule="ARGS-6")
+    if a.handoff_session_timeout_ms < 1:
+        raise InvalidInput("handoff_session_timeout_ms", a.handoff_session_timeout_ms, "must be >= 1", rule="ARGS-6")
+    if a.kv_transfer_bandwidth is not None and a.kv_transfer_bandwidth < 0.0:
+        raise InvalidInput("kv_transfer_bandwidth", a.kv_transfer_bandwidth, "must be >= 0", rule="ARGS-6")
+
+    # ARGS-7: block size after materialisation.
+    if a.block_size == 0:
+        raise InvalidInput("block_size", a.block_size, "must be greater than 0", rule="ARGS-7")
+
+    # ARGS-10: TRT-LLM capacity scheduler policy (checked for every engine type).
+    policy = a.trtllm_capacity_scheduler_policy
+    if policy is not None and policy != TRTLLM_GUARANTEED_NO_EVICT:
+        raise InvalidInput(
+            "trtllm.capacity_scheduler_policy",
+            policy,
+            "only 'guaranteed_no_evict' is supported",
+            rule="ARGS-10",
+        )
+
+    # ARGS-8 / ARGS-9: SGLang cross-field rules (only for engine_type sglang).
+    if a.engine_type is EngineType.SGLANG and a.sglang is not None:
+        page = a.sglang.page_size
+        if page is not None and a.block_size != page:
+            raise InvalidInput(
+                "sglang.page_size",
+                page,
+                f"engine_type=sglang requires block_size and sglang.page_size to match, got block_size={a.block_size}",
+                rule="ARGS-8",
+            )
+        chunk = a.sglang.chunked_prefill_size
+        if chunk is not None and chunk % a.block_size != 0:
+            raise InvalidInput(
+                "sglang.chunked_prefill_size",
+                chunk,
+                f"engine_type=sglang requires it to be divisible by block_size={a.block_size}",
+                rule="ARGS-9",
+            )
+
+
+def _check_range_int(field: str, value: int, lo: int, hi: int, rule: str) -> None:
+    if value < lo or value > hi:
+        raise InvalidInput(field, value, f"out of range [{lo}, {hi}]", rule=rule)
+
+
+# ---------------------------------------------------------------------------
+# Replay-level checks on args (ARGS-18)
+# ---------------------------------------------------------------------------
+
+
+def check_aggregated_replay_args(args: EngineArgs, num_workers: int) -> None:
+    """Rule: ARGS-18. Aggregated trace replay: >= 1 worker, aggregated worker type, dp_size 1."""
+    if num_workers == 0:
+        raise InvalidInput("num_workers", num_workers, "trace replay requires num_workers >= 1", rule="ARGS-18")
+    if args.worker_type is not WorkerType.AGGREGATED:
+        raise InvalidInput(
+            "worker_type", args.worker_type.value, "trace replay only supports aggregated workers", rule="ARGS-18"
+        )
+    if args.dp_size != 1:
+        raise InvalidInput("dp_size", args.dp_size, "trace replay only supports data_parallel_size=1", rule="ARGS-18")
+
+
+def check_disagg_replay_args(
+    prefill: EngineArgs, decode: EngineArgs, num_prefill_workers: int, num_decode_workers: int
+) -> None:
+    """Rule: ARGS-18. Disaggregated trace replay, in upstream's check order."""
+    if prefill.engine_type is EngineType.TRTLLM or decode.engine_type is EngineType.TRTLLM:
+        bad = prefill if prefill.engine_type is EngineType.TRTLLM else decode
+        raise InvalidInput(
+            "engine_type", bad.engine_type.value, "trace replay disaggregation does not support TRT-LLM", rule="ARGS-18"
+        )
+    if prefill.engine_type is not decode.engine_type:
+        raise InvalidInput(
+            "decode_engine_args.engine_type",
+            decode.engine_type.value,
+            f"must match prefill engine_type {prefill.engine_type.value!r}",
+            rule="ARGS-18",
+        )
+    if num_prefill_workers == 0:
+        raise InvalidInput("num_prefill_workers", num_prefill_workers, "must be >= 1", rule="ARGS-18")
+    if num_decode_workers == 0:
+        raise InvalidInput("num_decode_workers", num_decode_workers, "must be >= 1", rule="ARGS-18")
+    if prefill.worker_type is not WorkerType.PREFILL:
+        raise InvalidInput(
+            "prefill_engine_args.worker_type", prefill.worker_type.value, "must be 'prefill'", rule="ARGS-18"
+        )
+    if decode.worker_type is not WorkerType.DECODE:
+        raise InvalidInput(
+            "decode_engine_args.worker_type", decode.worker_type.value, "must be 'decode'", rule="ARGS-18"
+        )
+    if prefill.dp_size != 1:
+        raise InvalidInput("prefill_engine_args.dp_size", prefill.dp_size, "must be 1", rule="ARGS-18")
+    if decode.dp_size != 1:
+        raise InvalidInput("decode_engine_args.dp_size", decode.dp_size, "must be 1", rule="ARGS-18")
+    if prefill.block_size != decode.block_size:
+        raise InvalidInput(
+            "decode_engine_args.block_size",
+            decode.block_size,
+            f"must match prefill block_size {prefill.block_size}",
+            rule="ARGS-18",
+        )
+
+
+# ---------------------------------------------------------------------------
+# Loader (ARGS-11 .. ARGS-15)
+# ---------------------------------------------------------------------------
+
+# Value kinds of the accepted keys.
+_USIZE, _U32, _U16, _U64, _F64, _BOOL, _STR, _ANY = "usize", "u32", "u16", "u64", "f64", "bool", "str", "any"
+_SGLANG, _TRTLLM, _REASONING = "sglang", "trtllm", "reasoning"
+
+#: key -> (kind, nullable).  ``nullable`` False means an explicit null is rejected
+#: (upstream ``into_non_null`` / a non-Option constructor parameter).
+_COMMON_KEYS: dict[str, tuple[str, bool]] = {
+    "engine_type": (_STR, False),
+    "num_gpu_blocks": (_USIZE, True),
+    "block_size": (_USIZE, False),
+    "max_num_seqs": (_USIZE, True),
+    "max_num_batched_tokens": (_USIZE, True),
+    "enable_prefix_caching": (_BOOL, False),
+    "enable_chunked_prefill": (_BOOL, False),
+    "speedup_ratio": (_F64, False),
+    "decode_speedup_ratio": (_F64, False),
+    "dp_size": (_U32, False),
+    "startup_time": (_F64, True),
+    "worker_type": (_STR, False),
+    "planner_profile_data": (_STR, True),
+    "aic_backend": (_STR, True),
+    "aic_system": (_STR, True),
+    "aic_backend_version": (_STR, True),
+    "aic_tp_size": (_USIZE, True),
+    "aic_model_path": (_STR, True),
+    "aic_moe_tp_size": (_USIZE, True),
+    "aic_moe_ep_size": (_USIZE, True),
+    "aic_attention_dp_size": (_USIZE, True),
+    "aic_gemm_dtype": (_STR, True),
+    "aic_moe_dtype": (_STR, True),
+    "aic_fmha_dtype": (_STR, True),
+    "aic_kv_cache_dtype": (_STR, True),
+    "aic_comm_dtype": (_STR, True),
+    "aic_nextn": (_USIZE, True),
+    "aic_nextn_accept_rates": (_STR, True),
+    "aic_mtp_seed": (_U64, False),
+    "gpu_memory_utilization": (_F64, True),
+    "mem_fraction_static": (_F64, True),
+    "free_gpu_memory_fraction": (_F64, True),
+    "enable_local_indexer": (_BOOL, False),
+    "bootstrap_port": (_U16, True),
+    "handoff_session_timeout_ms": (_U64, False),
+    "kv_bytes_per_token": (_USIZE, True),
+    "kv_transfer_bandwidth": (_F64, True),
+    "kv_transfer_timing_mode": (_STR, False),
+    "num_g2_blocks": (_USIZE, True),
+    "num_g3_blocks": (_USIZE, True),
+    "enable_g4_storage": (_BOOL, False),
+    "offload_batch_size": (_USIZE, True),
+    "bandwidth_g1_to_g2_gbps": (_F64, True),
+    "bandwidth_g2_to_g1_gbps": (_F64, True),
+    "bandwidth_g2_to_g3_gbps": (_F64, True),
+    "bandwidth_g3_to_g2_gbps": (_F64, True),
+    "bandwidth_g2_to_g4_gbps": (_F64, True),
+    "bandwidth_g4_to_g2_gbps": (_F64, True),
+    "reasoning": (_REASONING, True),
+    "zmq_kv_events_port": (_U16, True),
+    "zmq_replay_port": (_U16, True),
+    "preemption_mode": (_STR, False),
+    "router_queue_policy": (_STR, True),
+    "sglang": (_SGLANG, True),
+    "trtllm": (_TRTLLM, True),
+    # present in the 1.3.0.post1 build (not in the source commit); live-only
+    "response_replay_trace_path": (_STR, True),
+}
+
+#: ARGS-11: keys only the JSON form accepts
+_JSON_ONLY_KEYS: dict[str, tuple[str, bool]] = {
+    "is_prefill": (_BOOL, False),
+    "is_decode": (_BOOL, False),
+    "has_perf_model": (_ANY, True),
+}
+
+#: ARGS-6: float ranges of accepted-but-unmodelled fields
+_F64_RANGES: dict[str, tuple[float, Optional[float]]] = {
+    "gpu_memory_utilization": (0.0, 1.0),
+    "mem_fraction_static": (0.0, 1.0),
+    "free_gpu_memory_fraction": (0.0, 1.0),
+    "bandwidth_g1_to_g2_gbps": (0.0, None),
+    "bandwidth_g2_to_g1_gbps": (0.0, None),
+    "bandwidth_g2_to_g3_gbps": (0.0, None),
+    "bandwidth_g3_to_g2_gbps": (0.0, None),
+    "bandwidth_g2_to_g4_gbps": (0.0, None),
+    "bandwidth_g4_to_g2_gbps": (0.0, None),
+}
+
+_SGLANG_FIELDS: tuple[tuple[str, str], ...] = (
+    ("schedule_policy", _STR),
+    ("page_size", _USIZE),
+    ("max_prefill_tokens", _USIZE),
+    ("chunked_prefill_size", _USIZE),
+    ("clip_max_new_tokens", _USIZE),
+    ("schedule_conservativeness", _F64),
+)
+_TRTLLM_FIELDS: tuple[tuple[str, str], ...] = (("capacity_scheduler_policy", _STR),)
+_REASONING_FIELDS: tuple[tuple[str, str], ...] = (
+    ("start_thinking_token_id", "u32"),
+    ("end_thinking_token_id", "u32"),
+    ("thinking_ratio", _F64),
+)
+
+_INT_LIMITS = {_USIZE: _USIZE_MAX, _U64: _U64_MAX, _U32: _U32_MAX, _U16: _U16_MAX}
+
+
+def _parse_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
+    """ARGS-13: type check of one non-null value.  Returns the Python value to use."""
+    if kind == _ANY:
+        return value
+    if kind in _INT_LIMITS:
+        # JSON: a boolean is not a number.  kwargs: Python's bool is an int and is accepted.
+        if isinstance(value, bool):
+            if dialect == "json":
+                raise InvalidInput(field, value, f"invalid type: boolean, expected {kind}", rule="ARGS-13")
+            value = int(value)
+        if not isinstance(value, int):
+            raise InvalidInput(field, value, f"invalid type, expected {kind}", rule="ARGS-13")
+        if value < 0 or value > _INT_LIMITS[kind]:
+            raise InvalidInput(field, value, f"invalid value, expected {kind}", rule="ARGS-13")
+        return value
+    if kind == _F64:
+        if isinstance(value, bool):
+            if dialect == "json":
+                raise InvalidInput(field, value, "invalid type: boolean, expected f64", rule="ARGS-13")
+            value = float(value)
+        if isinstance(value, int):
+            try:
+                value = float(value)
+            except OverflowError:
+                raise InvalidInput(field, value, "number out of range for f64", rule="ARGS-13") from None
+        if not isinstance(value, float):
+            raise InvalidInput(field, value, "invalid type, expected f64", rule="ARGS-13")
+        if not math.isfinite(value):
+            raise InvalidInput(field, value, "must be a finite number", rule="ARGS-5")
+        return value
+    if kind == _BOOL:
+        if not isinstance(value, bool):
+            raise InvalidInput(field, value, "invalid type, expected a boolean", rule="ARGS-13")
+        return value
+    if kind == _STR:
+        if not isinstance(value, str):
+            raise InvalidInput(field, value, "invalid type, expected a string", rule="ARGS-13")
+        return value
+    raise AssertionError(kind)  # pragma: no cover
+
+
+def _parse_nested(field: str, value: Any, fields: tuple[tuple[str, str], ...], dialect: str,
+                  required: bool) -> dict[str, Any]:
+    """ARGS-11: a nested object (``sglang``, ``trtllm``, ``reasoning``)."""
+    if isinstance(value, (list, tuple)) and dialect == "json":
+        # serde also accepts a struct as a sequence of all its fields, in order.
+        if len(value) != len(fields):
+            raise InvalidInput(field, value, f"invalid length {len(value)}, expected {len(fields)} elements",
+                               rule="ARGS-13")
+        value = {name: item for (name, _), item in zip(fields, value)}
+    if not isinstance(value, Mapping):
+        raise InvalidInput(field, value, "invalid type, expected an object", rule="ARGS-13")
+    known = {name for name, _ in fields}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in known:
+            if dialect == "kwargs":
+                raise InvalidInput(f"{field}.{key}", item, "unknown field", rule="ARGS-11")
+            continue  # JSON: unknown keys inside nested objects are ignored
+        kind = dict(fields)[key]
+        if item is None:
+            if required:
+                raise InvalidInput(f"{field}.{key}", item, "must not be null", rule="ARGS-13")
+            out[key] = None
+        else:
+            out[key] = _parse_scalar(f"{field}.{key}", item, kind, dialect)
+    if required:
+        for name, _ in fields:
+            if name not in out:
+                raise InvalidInput(f"{field}.{name}", None, "missing field", rule="ARGS-13")
+    return out
+
+
+def _parse_enum(field: str, value: str, enum_cls, case_insensitive: bool, rule: str = "ARGS-3"):
+    text = _ascii_lower(value) if case_insensitive else value
+    for member in enum_cls:
+        if member.value == text:
+            return member
+    allowed = ", ".join(repr(m.value) for m in enum_cls)
+    raise InvalidInput(field, value, f"must be one of {allowed}", rule=rule)
+
+
+def _normalize_accept_rates(nextn: int, rates: Optional[str]) -> None:
+    """ARGS-10: upstream's MTP rate validation (the model then rejects MTP, ARGS-14)."""
+    if not 1 <= nextn <= 5:
+        raise InvalidInput("aic_nextn", nextn, "must be in 1..=5", rule="ARGS-10")
+    stripped = rates.strip() if rates is not None else ""
+    if not stripped:
+        return
+    for index, part in enumerate(stripped.split(",")):
+        text = part.strip()
+        try:
+            rate = _rust_parse_f64(text)
+        except ValueError:
+            raise InvalidInput("aic_nextn_accept_rates", rates, f"invalid value {text!r}", rule="ARGS-10") from None
+        if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
+            raise InvalidInput(
+                "aic_nextn_accept_rates", rates, f"entry {index} must be finite and in [0, 1]", rule="ARGS-10"
+            )
+
+
+def _rust_parse_f64(text: str) -> float:
+    # Rust's f64::from_str accepts decimal/exponent forms and inf/infinity/nan (any case);
+    # it rejects surrounding whitespace, underscores and hex.
+    if text != text.strip() or "_" in text or text.lower().startswith(("0x", "+0x", "-0x")):
+        raise ValueError(text)
+    return float(text)
+
+
+def engine_args_from_json(obj: Any, *, dialect: str = "json") -> EngineArgs:
+    """Rules: ARGS-11 .. ARGS-15. Build :class:`EngineArgs` from engine-args JSON / constructor kwargs.
+
+    ``dialect="json"``: the ``--extra-engine-args`` / ``MockEngineArgs.from_json``
+    object.  ``dialect="kwargs"``: ``MockEngineArgs(**obj)``.  Raises
+    :class:`InvalidInput` for unknown keys, wrong types, invalid values, and for
+    accepted upstream inputs that would select behaviour the model does not
+    implement (ARGS-14).
+    """
+    if dialect not in ("json", "kwargs"):
+        raise ValueError(f"unknown dialect {dialect!r}")
+    if not isinstance(obj, Mapping):
+        raise InvalidInput("engine_args", obj, "must be a JSON object", rule="ARGS-11")
+    accepted = dict(_COMMON_KEYS)
+    if dialect == "json":
+        accepted.update(_JSON_ONLY_KEYS)
+
+    # ARGS-11 / ARGS-13: keys and value types, in document order.
+    values: dict[str, Any] = {}
+    for key, value in obj.items():
+        if not isinstance(key, str) or key not in accepted:
+            raise InvalidInput(str(key), value, "unknown field", rule="ARGS-11")
+        kind, _nullable = accepted[key]
+        if value is None:
+            values[key] = None
+        elif kind == _SGLANG:
+            values[key] = _parse_nested(key, value, _SGLANG_FIELDS, dialect, required=False)
+        elif kind == _TRTLLM:
+            values[key] = _parse_nested(key, value, _TRTLLM_FIELDS, dialect, required=False)
+        elif kind == _REASONING:
+            values[key] = _parse_nested(key, value, _REASONING_FIELDS, dialect, required=True)
+        else:
+            values[key] = _parse_scalar(key, value, kind, dialect)
+
+    # ARGS-13: explicit nulls on non-nullable fields.
+    worker_given = "worker_type" in values
+    for key, value in values.items():
+        if value is not None:
+            continue
+        _kind, nullable = accepted[key]
+        if key in ("is_prefill", "is_decode") and worker_given:
+            continue  # not read when worker_type is given
+        if key == "worker_type" or not nullable:
+            raise InvalidInput(key, None, "must not be null", rule="ARGS-13")
+
+    # ARGS-3: enumerations.
+    json_ci = dialect == "json"
+    fields: dict[str, Any] = {}
+    if "engine_type" in values:
+        fields["engine_type"] = _parse_enum("engine_type", values["engine_type"], EngineType, json_ci)
+    if "worker_type" in values:
+        fields["worker_type"] = _parse_enum("worker_type", values["worker_type"], WorkerType, json_ci)
+    else:
+        is_prefill = bool(values.get("is_prefill") or False)
+        is_decode = bool(values.get("is_decode") or False)
+        if is_prefill and is_decode:
+            raise InvalidInput("is_decode", True, "is_prefill and is_decode cannot both be true", rule="ARGS-3")
+        fields["worker_type"] = (
+            WorkerType.PREFILL if is_prefill else WorkerType.DECODE if is_decode else WorkerType.AGGREGATED
+        )
+    if "kv_transfer_timing_mode" in values:
+        fields["kv_transfer_timing_mode"] = _parse_enum(
+            "kv_transfer_timing_mode", values["kv_transfer_timing_mode"], KvTransferTimingMode, True
+        )
+    if "preemption_mode" in values:
+        fields["preemption_mode"] = _parse_enum("preemption_mode", values["preemption_mode"], PreemptionMode, json_ci)
+    if values.get("router_queue_policy") is not None:
+        fields["router_queue_policy"] = _parse_enum(
+            "router_queue_policy", values["router_queue_policy"], RouterQueuePolicy, False
+        )
+
+    # ARGS-1: plain copies (num_gpu_blocks: null keeps the default).
+    if values.get("num_gpu_blocks") is not None:
+        fields["num_gpu_blocks"] = values["num_gpu_blocks"]
+    for key in (
+        "block_size",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "enable_prefix_caching",
+        "enable_chunked_prefill",
+        "speedup_ratio",
+        "decode_speedup_ratio",
+        "dp_size",
+        "startup_time",
+        "kv_bytes_per_token",
+        "kv_transfer_bandwidth",
+        "zmq_kv_events_port",
+        "handoff_session_timeout_ms",
+        "aic_tp_size",
+        "aic_attention_dp_size",
+    ):
+        if key in values:
+            fields[key] = values[key]
+    if values.get("sglang") is not None:
+        fields["sglang"] = SglangArgs(**values["sglang"])
+    if values.get("trtllm") is not None:
+        fields["trtllm_capacity_scheduler_policy"] = values["trtllm"].get("capacity_scheduler_policy")
+
+    # ARGS-6: ranges of fields the model accepts but does not model.
+    for key, (lo, hi) in _F64_RANGES.items():
+        value = values.get(key)
+        if value is not None and (value < lo or (hi is not None and value > hi)):
+            bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise InvalidInput(key, value, f"must be {bound}", rule="ARGS-6")
+    # ARGS-15: offload knobs, 0 means unset.
+    num_g2 = values.get("num_g2_blocks") or None
+    num_g3 = values.get("num_g3_blocks") or None
+    if num_g3 is not None and num_g2 is None:
+        raise InvalidInput("num_g3_blocks", num_g3, "requires num_g2_blocks (G3 is staged through G2)", rule="ARGS-15")
+    if values.get("enable_g4_storage") and num_g2 is None:
+        raise InvalidInput("enable_g4_storage", True, "requires num_g2_blocks (G4 is staged through G2)", rule="ARGS-15")
+    # ARGS-10: MTP consistency (upstream), before the model's own scope check.
+    nextn = values.get("aic_nextn")
+    rates = values.get("aic_nextn_accept_rates")
+    if nextn is not None:
+        if not 1 <= nextn <= 5:
+            raise InvalidInput("aic_nextn", nextn, "must be in 1..=5", rule="ARGS-10")
+        dsr = fields.get("decode_speedup_ratio", 1.0)
+        if dsr != 1.0:
+            raise InvalidInput(
+                "decode_speedup_ratio", dsr, "aic_nextn requires decode_speedup_ratio=1.0", rule="ARGS-10"
+            )
+    elif rates is not None:
+        raise InvalidInput("aic_nextn_accept_rates", rates, "requires aic_nextn", rule="ARGS-10")
+
+    # Construction applies ARGS-2 and ARGS-4 .. ARGS-10.
+    args = EngineArgs(**fields)
+
+    if nextn is not None:
+        _normalize_accept_rates(nextn, rates)
+
+    # ARGS-14: accepted upstream, but selects behaviour the model does not implement.
+    if values.get("planner_profile_data") is not None:
+        raise InvalidInput(
+            "planner_profile_data",
+            values["planner_profile_data"],
+            "the NPZ-interpolated perf model is not supported by the model",
+            rule="ARGS-14",
+        )
+    if values.get("aic_backend") is not None:
+        raise InvalidInput(
+            "aic_backend", values["aic_backend"], "the AIC perf model is not supported by the model", rule="ARGS-14"
+        )
+    if nextn is not None:
+        raise InvalidInput("aic_nextn", nextn, "MTP speculative decoding is not supported by the model", rule="ARGS-14")
+    if num_g2 is not None:
+        raise InvalidInput(
+            "num_g2_blocks", num_g2, "KVBM G2/G3/G4 offload is not supported by the model", rule="ARGS-14"
+        )
+    return args
