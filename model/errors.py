@@ -49,3 +49,56 @@ class InternalInvariantBroken(ModelError):
     The model raises this where upstream would panic; it signals a bug in a
     caller (or in the model), never a rejected user input.
     """
+
+
+# --- kernel rejections (spec/handoff-lifecycle.md) ------------------------------------------
+
+
+class RequestAlreadyActive(CommandRejected):
+    """CORE-ID-1: the request id is already owned by the core in some role."""
+
+    rule = "CORE-ID-1"
+
+
+class SourceRequestActive(CommandRejected):
+    """SRC-1: a source hold (pending or held) already exists for the request."""
+
+    rule = "SRC-1"
+
+
+class SourceHandoffActive(CommandRejected):
+    """SRC-1: a source hold (pending or held) already uses the handoff id."""
+
+    rule = "SRC-1"
+
+
+class DestinationRequestPending(CommandRejected):
+    """PEND-1: the request is already a pending destination."""
+
+    rule = "PEND-1"
+
+
+class DestinationHandoffPending(CommandRejected):
+    """PEND-1: the handoff id is already a pending destination."""
+
+    rule = "PEND-1"
+
+
+class DestinationReservationExists(CommandRejected):
+    """DST-1: a destination reservation already exists for the request."""
+
+    rule = "DST-1"
+
+
+class DestinationHandoffActive(CommandRejected):
+    """DST-1 / LEDGER-2: the handoff id is already reserved or activated as a destination."""
+
+    rule = "DST-1"
+
+
+class DestinationPromptTooLarge(CommandRejected):
+    """The destination prompt can never fit the KV pool (core rule, see the core specs)."""
+
+
+class DestinationUnsupported(CommandRejected):
+    """TRT-LLM cores reject every destination reservation (core rule)."""
