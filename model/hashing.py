@@ -47,3 +47,137 @@ def sequence_hashes(hashes: Iterable[int]) -> list[int]:
     for h in hashes:
         out.append(h if not out else chain_hash(out[-1], h))
     return out
+
+
+# ---------------------------------------------------------------------------
+# HASH-4: positional lineage hash (PLH), the identity of a registered block in
+# the kvbm-logical pool and the key of the lineage eviction index.
+# ---------------------------------------------------------------------------
+
+#: (position bound, parent-fragment width in bits) for PLH modes 0, 1, 2
+_PLH_MODES = ((1 << 8, 54), (1 << 16, 46), (1 << 24, 38))
+
+_U64_MASK = (1 << 64) - 1
+
+
+def plh_fragment_bits(position: int) -> int:
+    """HASH-4: width of the parent fragment a PLH at ``position`` stores.
+
+    54 bits below position 256, 46 below 65 536, 38 below 2^24.  Positions
+    at or beyond 2^24 are rejected (upstream panics).
+    """
+    for bound, bits in _PLH_MODES:
+        if position < bound:
+            return bits
+    raise OverflowError(f"PLH position {position} exceeds 2^24 - 1")
+
+
+def _plh_mode(position: int) -> int:
+    for mode, (bound, _bits) in enumerate(_PLH_MODES):
+        if position < bound:
+            return mode
+    raise OverflowError(f"PLH position {position} exceeds 2^24 - 1")
+
+
+class Plh(tuple):
+    """HASH-4: positional lineage hash as the triple it packs.
+
+    ``(position, current, parent_fragment)``: the block position, the full
+    64-bit sequence hash of the block, and the parent's sequence hash
+    truncated to :func:`plh_fragment_bits` (0 for a root or when no parent is
+    given).  Two PLHs are equal iff their 128-bit packings are equal, which is
+    iff the three fields are equal, so the tuple equality is exact.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, position: int, current: int, parent_fragment: int) -> "Plh":
+        return tuple.__new__(cls, (position, current, parent_fragment))
+
+    @classmethod
+    def new(cls, current: int, parent: int | None, position: int) -> "Plh":
+        """Build a PLH like ``PositionalLineageHash::new(current, parent, position)``."""
+        bits = plh_fragment_bits(position)
+        frag = (parent or 0) & ((1 << bits) - 1)
+        return cls(position, current & _U64_MASK, frag)
+
+    @property
+    def position(self) -> int:
+        return self[0]
+
+    @property
+    def current(self) -> int:
+        return self[1]
+
+    @property
+    def parent_fragment(self) -> int:
+        return self[2]
+
+    def fragment_for_child_position(self, child_position: int) -> int:
+        """``current`` truncated to the fragment width a child at ``child_position`` stores."""
+        return self[1] & ((1 << plh_fragment_bits(child_position)) - 1)
+
+    def lineage_key(self) -> tuple[int, int]:
+        """Key of this block's node in the lineage index: ``(position, own fragment)``."""
+        return (self[0], self.fragment_for_child_position(self[0] + 1))
+
+    def parent_key(self) -> tuple[int, int] | None:
+        """Key of the parent node, ``(position - 1, parent_fragment)``; None at position 0."""
+        if self[0] == 0:
+            return None
+        return (self[0] - 1, self[2])
+
+    def as_u128(self) -> int:
+        """The upstream 128-bit packing ``mode | position | current | parent_fragment``."""
+        mode = _plh_mode(self[0])
+        bits = _PLH_MODES[mode][1]
+        pos_bits = (8, 16, 24)[mode]
+        return (
+            (mode << 126)
+            | ((self[0] & ((1 << pos_bits) - 1)) << (64 + bits))
+            | (self[1] << bits)
+            | self[2]
+        )
+
+    def __repr__(self) -> str:
+        return f"Plh(pos={self[0]}, cur={self[1]:#x}, parent={self[2]:#x})"
+
+
+# ---------------------------------------------------------------------------
+# HASH-5: deterministic stand-ins for upstream randomness (spec/kv-vllm.md)
+# ---------------------------------------------------------------------------
+
+_REQUEST_KEY_BYTES = 16
+
+
+def _key_bytes(request_key: int) -> bytes:
+    if not 0 <= request_key < (1 << 128):
+        raise OverflowError(f"request key {request_key} is not a u128")
+    return request_key.to_bytes(_REQUEST_KEY_BYTES, "little")
+
+
+def generated_token(request_key: int, position: int) -> int:
+    """HASH-5a: value (u32) of the model-generated token at ``position`` of a request."""
+    data = b"T" + _key_bytes(request_key) + _U64.pack(position)
+    return xxhash.xxh3_64_intdigest(data, seed=XXH3_SEED) & 0xFFFFFFFF
+
+
+def generated_block_hash(tokens: Sequence[int], request_key: int) -> int:
+    """HASH-5b: local hash of a block that holds at least one model-generated token.
+
+    XXH3-64 (seed 1337) of the tokens as ``u32`` bytes followed by the 16-byte
+    request key.  The input is 16 bytes longer than any HASH-1 input of the
+    same block size, so it never equals a prompt block's input, and two
+    requests with different keys never share an input.
+    """
+    data = struct.pack(f"<{len(tokens)}I", *tokens) + _key_bytes(request_key)
+    return xxhash.xxh3_64_intdigest(data, seed=XXH3_SEED)
+
+
+def private_block_id(tag: bytes, request_key: int, block_index: int) -> int:
+    """HASH-5c: per-request block identity used when prefix caching is off.
+
+    ``tag`` separates the uses (b"F" full-block id, b"P" PLH current hash).
+    """
+    data = tag + _key_bytes(request_key) + _U64.pack(block_index)
+    return xxhash.xxh3_64_intdigest(data, seed=XXH3_SEED)
