@@ -698,9 +698,9 @@ def summary_keys(with_goodput: bool) -> tuple[str, ...]:
         "first_admission_prefix_cache_reused_ratio",
     ]
     for name, suffix in _FAMILIES:
+        # upstream writes "max_itl_ms" a second time right after the itl family
+        # (same value); in a map that is the same key, so it appears once
         keys += [f"{stat}_{name}{suffix}" for stat in _STAT_NAMES]
-        if name == "itl":
-            keys.append("max_itl_ms")
     return tuple(keys)
 
 
@@ -803,8 +803,6 @@ def build_summary(
         st = distribution_stats(samples[name])
         for stat in _STAT_NAMES:
             out[f"{stat}_{name}{suffix}"] = getattr(st, stat)
-        if name == "itl":
-            out["max_itl_ms"] = st.max
     return out
 
 
