@@ -58,6 +58,7 @@ __all__ = [
     "to_single_turn_requests",
     "normalize_trace_requests",
     "load_trace_workload",
+    "workload_from_trace",
     "synthetic_token_id",
     "synthetic_requests",
     "synthetic_workload",
@@ -581,6 +582,16 @@ def load_trace_workload(
                            "only 'mooncake' and 'mooncake-delta' are modelled", rule="WL-19")
     trace = speed_up_timing(normalize_session_starts(trace_from_mooncake_rows(rows, trace_block_size)),
                             arrival_speedup_ratio)
+    return workload_from_trace(trace, trace_format)
+
+
+def workload_from_trace(trace: Trace, trace_format: str = "mooncake") -> FlatWorkload | SessionWorkload:
+    """WL-14: validate a (normalized, sped-up) mooncake trace and choose its replay path.
+
+    Single-turn traces become a :class:`FlatWorkload`, stably sorted with
+    :func:`normalize_trace_requests` at ratio 1; any multi-turn session keeps
+    the whole trace on the session path.  Both paths validate (WL-9) first.
+    """
     validate_for_trace_mode(trace)
     if is_single_turn(trace):
         return FlatWorkload(normalize_trace_requests(to_single_turn_requests(trace), 1.0))
