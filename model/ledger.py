@@ -1,8 +1,8 @@
 """HandoffLedger: the four handoff bookkeeping machines of one core plus its capacity generation.
 
 Spec: spec/handoff-lifecycle.md §LEDGER.  Upstream keeps these as separate
-fields of ``VllmCore`` / ``SglangCore`` (lib/mocker/src/scheduler/vllm/core.rs:495-515,
-lib/mocker/src/scheduler/sglang/core.rs:130-150); the model groups them so both
+fields of ``VllmCore`` / ``SglangCore`` (lib/mocker/src/scheduler/vllm/core.rs:393-400,
+lib/mocker/src/scheduler/sglang/core.rs:43-50); the model groups them so both
 cores share one definition of the cross-machine rules.
 """
 
