@@ -314,7 +314,6 @@ def _decode_chain(args: EngineArgs, prompt: int, outputs: int, start_ms: float, 
         pre = prefill_duration_ns(1, prompt, 0, args) if (k == 1 and first_prefill) else 0
         if args.engine_type.value == "sglang":
             dec = sglang_decode_duration_ns(1, length, args)
-            stamp = None
         else:
             dec = vllm_decode_duration_ns(1, length, _ceil_div(length, args.block_size), args)
         times = pass_times(now, pre, dec)
