@@ -670,7 +670,10 @@ _FAMILIES = (
 
 
 def summary_keys(with_goodput: bool) -> tuple[str, ...]:
-    """REP-15: every summary key in upstream's serialization order."""
+    """REP-15: every summary key in upstream's serialization order (74, or 77 with goodput).
+
+    ``mocker_spec.formats.write_summary_json`` writes the dict as REP-18 says.
+    """
     keys = [
         "num_requests",
         "completed_requests",
@@ -732,6 +735,7 @@ def build_summary(
         if not tl.counts_as_completed:
             continue
         completed += 1
+        # REP-8: requested lengths; reuse is the max over all admissions
         total_in += tl.input_length
         total_out += tl.output_length
         reused += tl.reused_input_tokens

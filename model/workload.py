@@ -267,7 +267,7 @@ class Trace:
 def trace_from_mooncake_rows(
     rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]], trace_block_size: int
 ) -> Trace:
-    """WL-5..WL-9: build a :class:`Trace` from ``(line_number, row)`` pairs.
+    """WL-5..WL-8: build a :class:`Trace` from ``(line_number, row)`` pairs (WL-5, WL-6, WL-7, WL-8).
 
     ``row`` may be a :class:`MooncakeRow`, a decoded JSON value (parsed with
     :func:`parse_mooncake_row`) or ``None`` for a skipped blank line.  Line
@@ -283,12 +283,14 @@ def trace_from_mooncake_rows(
         if raw is None:
             continue
         row = raw if isinstance(raw, MooncakeRow) else parse_mooncake_row(raw, line)
+        # WL-6: a row without session_id is its own session, named after its line
         session_id = row.session_id if row.session_id is not None else f"request_{line}"
         if row.hash_ids is None:
             raise _bad(line, "hash_ids", None, f"trace line {line} is missing hash_ids", "WL-5")
         capacity = len(row.hash_ids) * trace_block_size
         if capacity > _U64_MAX:
             raise _bad(line, "hash_ids", len(row.hash_ids), f"trace line {line} synthesized capacity overflow", "WL-5")
+        # WL-8: clamp to the synthesizable capacity, never reject
         input_length = min(row.input_length if row.input_length is not None else capacity, capacity)
         if row.output_length is None:
             raise _bad(line, "output_length", None, f"trace line {line} is missing output_length", "WL-5")

@@ -370,6 +370,22 @@ def test_build_distribution_stats_matches_sorted_baseline() -> None:
     assert (st2.median, st2.p75, st2.p90, st2.p95, st2.p99) == (st.median, st.p75, st.p90, st.p95, st.p99)
 
 
+def test_replay_itl_uses_per_token_gaps() -> None:
+    """Port of replay/mod.rs ``test_replay_itl_uses_per_token_gaps``: tokens at 10, 11, 12, 110
+    give gaps 1, 1, 98; ranks for n=3: p50 1.0->1, p75 1.5->2, p90 1.8->2, p95 1.9->2."""
+    c = TraceCollector().on_arrival(uuid_from_int(11), 0.0, 4, 4).on_admit(uuid_from_int(11), 0.0, 0)
+    for t in (10.0, 11.0, 12.0, 110.0):
+        c = c.on_token(uuid_from_int(11), t)
+    s, _ = finish(c)
+    assert s["mean_tpot_ms"] == pytest.approx(100.0 / 3.0)
+    assert s["mean_itl_ms"] == pytest.approx(100.0 / 3.0)
+    assert (s["median_itl_ms"], s["p75_itl_ms"], s["p90_itl_ms"], s["p95_itl_ms"]) == (1.0, 98.0, 98.0, 98.0)
+    assert s["max_itl_ms"] == 98.0
+    assert s["min_ttst_ms"] == s["max_ttst_ms"] == 1.0
+    assert s["min_output_token_throughput_per_user"] == 1000.0 / 98.0
+    assert s["max_output_token_throughput_per_user"] == 1000.0
+
+
 def test_std_is_population_std_and_empty_is_zero() -> None:
     """REP-13: divide by n, not n-1; an empty family is all zeros."""
     assert distribution_stats([1.0, 3.0]).std == 1.0
@@ -449,6 +465,7 @@ def test_per_request_bypass_leaves_prefill_worker_idx_none() -> None:
 
 
 def test_per_request_default_off() -> None:
+    """REP-4: without per-request capture there are no rows; the summary is unaffected."""
     c = TraceCollector().on_arrival(U1, 0.0, 100, 2).on_admit(U1, 5.0, 0).on_decode_assigned(U1, 0)
     c = c.on_token(U1, 50.0).on_token(U1, 60.0).on_terminal(U1, TerminalStatus.COMPLETED)
     assert c.requests[U1].terminal_status is None  # detail not captured
@@ -554,6 +571,7 @@ def test_per_request_record_serializes_to_json_object() -> None:
 
 
 def test_terminal_failures_emit_nullable_latencies_and_unfinished_requests_are_omitted() -> None:
+    """REP-4: rows only for requests with a terminal status; REP-6 counts every arrival."""
     c = TraceCollector().with_capture_per_request()
     for n, status in ((1, TerminalStatus.REJECTED), (2, TerminalStatus.CANCELED), (3, TerminalStatus.FAILED)):
         c = c.on_arrival(uuid_from_int(n), float(n), 64, 2).on_terminal(uuid_from_int(n), status)
