@@ -226,7 +226,8 @@ def parse_mooncake_line(text: str, line: int) -> MooncakeRow | None:
             parse_float=_strict_float,
         )
     except ValueError as exc:  # JSONDecodeError is a ValueError
-        raise _bad(line, "json", text, f"failed to parse line {line} as JSON: {exc}", "WL-3") from None
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise _bad(line, "json", shown, f"failed to parse line {line} as JSON: {exc}", "WL-3") from None
     return parse_mooncake_row(raw, line)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from hypothesis import given, strategies as st
 
 from model.errors import InvalidInput
 from model.report import (
@@ -696,3 +697,25 @@ def test_build_records_skips_requests_without_terminal_status() -> None:
     tl = RequestTimeline(uuid="a", arrival_time_ms=0.0, input_length=1, output_length=1)
     assert build_records([tl]) == ()
     assert build_records([attrs.evolve(tl, terminal_status=TerminalStatus.REJECTED)])[0].uuid == "a"
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_format_json_float_round_trips(x: float) -> None:
+    """REP-3: the ryu layout keeps repr's digits, so the text parses back to the same float."""
+    text = format_json_float(x)
+    assert float(text) == x and math.copysign(1.0, float(text)) == math.copysign(1.0, x)
+    assert "+" not in text and "e-0" not in text and "e0" not in text
+    assert ("e" in text) or ("." in text)
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e12), min_size=1, max_size=40), st.randoms())
+def test_distribution_order_statistics_ignore_input_order(values: list[float], rnd) -> None:
+    """REP-13/REP-16: only mean and std may depend on the summation order (last ulps)."""
+    a = distribution_stats(values)
+    shuffled = list(values)
+    rnd.shuffle(shuffled)
+    b = distribution_stats(shuffled)
+    assert (a.min, a.max, a.median, a.p75, a.p90, a.p95, a.p99) == (b.min, b.max, b.median, b.p75, b.p90, b.p95, b.p99)
+    assert a.mean == pytest.approx(b.mean, rel=1e-12, abs=1e-300)
+    ordered = sorted(values)
+    assert a.p90 == ordered[percentile_rank(len(values), 90.0)]
