@@ -853,6 +853,102 @@ def test_decode_reservation_serves_use():
 
 
 # --------------------------------------------------------------------------
+# Cross-check against the compiled mocker (ai-dynamo-runtime 1.3.0.post1)
+# --------------------------------------------------------------------------
+
+_REF_CHILD = r"""
+import json, sys
+import dynamo._core as c
+spec = json.loads(sys.argv[1])
+args = c.MockEngineArgs.from_json(json.dumps(spec["args"]))
+c.run_mocker_trace_replay([spec["trace"]], extra_engine_args=args, num_workers=1,
+    trace_block_size=spec["tbs"], report_jsonl_path=spec["report"], router_mode="round_robin")
+"""
+
+#: (name, block_size, num_gpu_blocks, prefix caching, [(hash_ids, input_length, output_length)])
+REF_SCENARIOS = [
+    ("oldest_tail_first", 4, 8, True,
+     [([1, 2, 3], 12, 1), ([4, 5, 6], 12, 1), ([7, 8, 9], 12, 1), ([1, 2, 3], 12, 1), ([4, 5, 6], 12, 1)]),
+    ("generated_tail", 4, 7, True, [([1, 2], 8, 6), ([5, 6, 7], 12, 1), ([1, 2], 8, 1), ([5, 6, 7], 12, 2)]),
+    ("branches", 4, 9, True,
+     [([1, 2, 3], 10, 2), ([1, 2, 4], 11, 3), ([8, 9, 10, 11], 16, 1), ([1, 2, 3], 12, 1),
+      ([1, 2, 4], 12, 1), ([1, 5], 8, 1)]),
+    ("refresh", 4, 6, True,
+     [([1, 2], 8, 1), ([3, 4], 8, 1), ([1, 2], 8, 1), ([5, 6, 7], 12, 1), ([1, 2], 8, 1), ([3, 4], 8, 1)]),
+    ("no_caching", 4, 6, False, [([1, 2], 8, 1), ([1, 2], 8, 1)]),
+]
+
+
+def _ref_ttft(arrival, new_tokens, active, bs, n):
+    """First-token time of a lone request (vllm-core notes §4.1-4.3; restated for this check)."""
+    from fractions import Fraction
+
+    def secs(ns):
+        return float(ns // 10**9) + float(ns % 10**9) / 1e9
+
+    def dur(ms):
+        return round(Fraction(ms / 1000.0) * 1_000_000_000)
+
+    t = float(new_tokens)
+    pf = 0 if new_tokens == 0 else dur(max(4.209989e-07 * (t * t) + 1.518344e-02 * t + 1.650142e01, 0.0))
+    u = float(active * bs) / float(n * bs)
+    dc = dur(max(-25.74 * (u * u) + 54.01 * u + 5.74, 1.0))
+    return (arrival + secs(pf) * 1000.0) + secs(dc) * 1000.0
+
+
+def _model_sequential(reqs, bs, n, caching):
+    """Drive the manager like the vLLM core does for requests that never overlap."""
+    kv = new_kv_manager(n, bs)
+    out = []
+    for k, (hids, isl, osl) in enumerate(reqs):
+        toks = [h for h in hids for _ in range(bs)][:isl]
+        seq = new_sequence(k + 1, toks, osl, bs, caching)
+        cost = get_prefill_cost(kv, seq)
+        kv, r = process(kv, prepare_allocation(seq, len(seq)))
+        seq = commit_allocation(seq, len(seq))
+        out.append((cost.cached_tokens, num_active_blocks(kv)))
+        while seq.generated_tokens < osl:
+            seq, sigs = generate(seq)
+            done = seq.generated_tokens >= osl
+            imm = [x for x in sigs if not isinstance(x, Deref)]
+            kv, _ = run(kv, imm)
+            if done:
+                kv, _ = run(kv, [x for x in sigs if isinstance(x, Deref)])
+            elif imm:
+                seq = commit_allocation(seq, len(seq))
+    return out
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("name,bs,n,caching,reqs", REF_SCENARIOS, ids=[s[0] for s in REF_SCENARIOS])
+def test_reference_cached_prefix_matches_compiled_mocker(tmp_path, name, bs, n, caching, reqs):
+    # Rule: KV-11, KV-12, KV-16 -- the cached prefix each request finds (and so its
+    # first-token time) depends on which blocks earlier requests left cached.
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("dynamo._core")
+    trace, report = tmp_path / "t.jsonl", tmp_path / "r.jsonl"
+    with open(trace, "w") as fh:
+        for i, (hids, isl, osl) in enumerate(reqs):
+            fh.write(json.dumps({"timestamp": i * 100_000.0, "input_length": isl,
+                                 "output_length": osl, "hash_ids": hids}) + "\n")
+    spec = {"args": {"block_size": bs, "num_gpu_blocks": n, "enable_prefix_caching": caching},
+            "trace": str(trace), "report": str(report), "tbs": bs}
+    subprocess.run([sys.executable, "-c", _REF_CHILD, json.dumps(spec)], check=True, timeout=120,
+                   capture_output=True)
+    rows = sorted((json.loads(x) for x in open(report)), key=lambda r: r["arrival_time_ms"])
+    predicted = _model_sequential(reqs, bs, n, caching)
+    assert len(rows) == len(reqs)
+    for (hids, isl, _osl), (cached, active), row in zip(reqs, predicted, rows):
+        # the reference time is consistent with exactly one cached count
+        fits = [c for c in range(0, isl + 1, bs)
+                if _ref_ttft(row["arrival_time_ms"], isl - c, active, bs, n) == row["first_token_ms"]]
+        assert fits == [cached], (name, hids)
+
+
+# --------------------------------------------------------------------------
 # Stateful property test
 # --------------------------------------------------------------------------
 
