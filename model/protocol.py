@@ -6,12 +6,13 @@ value, so effects can be compared, hashed and stored in explored states.
 
 from __future__ import annotations
 
-import enum
 from typing import Optional, Tuple, Union
 
 import attrs
 
+from .engine_args import KvTransferTimingMode as _KvTransferTimingMode
 from .ids import HandoffId, RequestId, hid, rid
+from .timing import HandoffTransferTiming as _HandoffTransferTiming
 
 
 def _tokens(value) -> Tuple[int, ...]:
@@ -42,26 +43,10 @@ class DirectRequest:
         return len(self.tokens)
 
 
-class KvTransferTimingMode(enum.Enum):
-    """PROTO-2: which token count a handoff transfer is charged for."""
-
-    FULL_PROMPT = "full_prompt"
-    DESTINATION_MISSING = "destination_missing"
-
-
-@attrs.frozen
-class HandoffTransferTiming:
-    """PROTO-2: the transfer-timing inputs carried by ``SourceHeld``.
-
-    The event carries no delay; the coordinator derives it later from these
-    inputs and the destination's transferable tokens (upstream S19).  The delay
-    formula lives in :mod:`model.timing`.
-    """
-
-    mode: KvTransferTimingMode
-    full_prompt_tokens: int
-    kv_bytes_per_token: Optional[int]
-    bandwidth_gb_s: Optional[float]
+# PROTO-2: the transfer-timing inputs carried by ``SourceHeld``.  The event carries
+# no delay (upstream S19); the delay formula is TIME-12 in :mod:`model.timing`.
+KvTransferTimingMode = _KvTransferTimingMode
+HandoffTransferTiming = _HandoffTransferTiming
 
 
 # --- commands (PROTO-3) -------------------------------------------------------------------
