@@ -396,6 +396,7 @@ def test_args12_sglang_subargs_not_range_checked():
 
 
 def test_args16_17_derived_values():
+    """ARGS-16, ARGS-17: derived values used by live channels and replay accounting."""
     assert EngineArgs(engine_type="trtllm").scheduling_policy() is SchedulingPolicy.TRTLLM_GUARANTEED_NO_EVICT
     assert EngineArgs(engine_type="sglang").scheduling_policy() is SchedulingPolicy.VLLM
     assert not EngineArgs(worker_type="decode").needs_kv_publisher()
@@ -500,3 +501,13 @@ def test_live_accept_reject_matches_reference():
         assert got.worker_type.value == expected["worker_type"], case
         assert got.kv_transfer_timing_mode.value == expected["kv_transfer_timing_mode"], case
         assert got.dp_size == expected["dp_size"], case
+
+
+@pytest.mark.parametrize(
+    "obj",
+    # ARGS-4: counts are usize, dp_size is u32 (values derived from the widths)
+    [{"num_gpu_blocks": -1}, {"num_gpu_blocks": 2**64}, {"dp_size": 2**32}],
+)
+def test_args4_integer_widths(obj):
+    with pytest.raises(InvalidInput):
+        engine_args_from_json(obj)

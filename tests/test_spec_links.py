@@ -15,6 +15,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SPEC_AREAS = {
     "handoff-lifecycle.md": ("ID", "PROTO", "CHAN", "SRC", "DST", "ACT", "PEND", "LEDGER", "ADM", "FPM"),
+    "engine-args.md": ("ARGS",),
+    "timing.md": ("TIME",),
+    "replay.md": ("WL", "REP"),
 }
 
 RULE_RE = re.compile(r"\b([A-Z][A-Z]*(?:-[A-Z]+)*-Q?\d+)\b")

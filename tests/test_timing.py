@@ -370,3 +370,23 @@ def test_reference_goldens(scenario):
         if outputs >= 2:
             assert row["ttst_ms"] == max(tokens[1] - tokens[0], 0.0)
         assert not math.isnan(tokens[-1])
+
+
+def test_time9_two_float_additions_in_order():
+    """TIME-9, derived by hand: 0.1 + 0.2 then + 0.3 as two separate additions differs from
+    0.1 + (0.2 + 0.3); pass_times must take the left-to-right path."""
+    times = pass_times(0.1, 200_000, 300_000)  # 0.2 ms prefill, 0.3 ms decode
+    assert times.decode_start_ms == 0.1 + 0.2
+    assert times.end_ms == (0.1 + 0.2) + 0.3
+    assert times.end_ms != 0.1 + (0.2 + 0.3)
+    assert pass_times(5.0, 0, 0) == type(times)(5.0, 5.0)
+
+
+def test_time10_vllm_decode_zero_when_idle_or_prefill_worker():
+    """TIME-10: no ready request, or a Prefill worker, charges no decode; otherwise TIME-5 applies
+    (at least 1 ms before scaling, derived from the max(1, ...) floor)."""
+    agg = EngineArgs(num_gpu_blocks=100, block_size=16)
+    assert vllm_decode_duration_ns(0, 0, 0, agg) == 0
+    prefill = EngineArgs(num_gpu_blocks=100, block_size=16, worker_type="prefill")
+    assert vllm_decode_duration_ns(3, 300, 10, prefill) == 0
+    assert vllm_decode_duration_ns(1, 10, 1, agg) >= 1_000_000
