@@ -1,4 +1,4 @@
-"""Block identities: XXH3-64 with seed 1337 (spec/kv.md, rules HASH-1..HASH-3).
+"""Block identities: XXH3-64 with seed 1337 (spec/kv-vllm.md, rules HASH-1..HASH-5).
 
 These are the only hash functions the model uses.  They are pure and stable
 across processes (no ``hash()``), so results do not depend on PYTHONHASHSEED.

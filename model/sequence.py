@@ -1,4 +1,4 @@
-"""The per-request token sequence of the vLLM core (spec/kv-vllm.md, rules SEQ-1..SEQ-14).
+"""The per-request token sequence of the vLLM core (spec/kv-vllm.md, rules SEQ-1..SEQ-12).
 
 An :class:`ActiveSequence` is a frozen value: the prompt, the tokens generated
 so far, the request's *unique blocks* (the identities under which its blocks
@@ -154,15 +154,15 @@ class ActiveSequence:
 
     @property
     def extra_tokens(self) -> int:
-        """Tokens in the trailing partial block: ``len % block_size``."""
+        """SEQ-12: tokens in the trailing partial block, ``len % block_size``."""
         return len(self) % self.block_size
 
     def current_known_blocks(self) -> int:
-        """``ceil(len / block_size)``: the footprint of the tokens known so far."""
+        """SEQ-12: ``ceil(len / block_size)``, the footprint of the tokens known so far."""
         return _ceil_div(len(self), self.block_size)
 
     def to_completion_blocks(self) -> int:
-        """``ceil((P + M) / block_size)``: the footprint at completion (TRT-LLM gate)."""
+        """SEQ-12: ``ceil((P + M) / block_size)``, the footprint at completion (TRT-LLM gate)."""
         return _ceil_div(len(self.prompt) + self.max_output_tokens, self.block_size)
 
     def token_at(self, position: int) -> int:
@@ -198,6 +198,24 @@ class ActiveSequence:
                 if self.generated[j - p] is _MODEL_TOKEN:
                     return generated_block_hash(toks, self.request_key)
         return tokens_hash(toks)
+
+
+def _replace(seq: ActiveSequence, generated=None, num_allocated_tokens=None, unique_blocks=None,
+             block_hashes=None, plhs=None) -> ActiveSequence:
+    """Fast ``attrs.evolve`` for the fields that operations change."""
+    return ActiveSequence(
+        seq.request_key,
+        seq.prompt,
+        seq.block_size,
+        seq.max_output_tokens,
+        seq.enable_prefix_caching,
+        seq.emit_token_ids,
+        seq.generated if generated is None else generated,
+        seq.num_allocated_tokens if num_allocated_tokens is None else num_allocated_tokens,
+        seq.unique_blocks if unique_blocks is None else unique_blocks,
+        seq.block_hashes if block_hashes is None else block_hashes,
+        seq.plhs if plhs is None else plhs,
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -303,7 +321,7 @@ def commit_allocation(seq: ActiveSequence, cumulative_tokens: int) -> ActiveSequ
     """
     if cumulative_tokens < 0:
         raise InternalInvariantBroken("commit_allocation: negative token count", rule="SEQ-6")
-    return attrs.evolve(seq, num_allocated_tokens=cumulative_tokens)
+    return _replace(seq, num_allocated_tokens=cumulative_tokens)
 
 
 def allocate_blocks_for_chunk(seq: ActiveSequence, cumulative_tokens: int) -> tuple[ActiveSequence, Optional[Use]]:
@@ -338,9 +356,9 @@ def push(seq: ActiveSequence, token: Optional[int] = None) -> tuple[ActiveSequen
     generated = seq.generated.append(token)
     length = len(seq.prompt) + len(generated)
     if length % bs != 1:
-        return attrs.evolve(seq, generated=generated), ()
+        return _replace(seq, generated=generated), ()
 
-    seq1 = attrs.evolve(seq, generated=generated)
+    seq1 = _replace(seq, generated=generated)
     blocks = seq.unique_blocks
     hashes = seq.block_hashes
     plhs = seq.plhs
@@ -372,7 +390,7 @@ def push(seq: ActiveSequence, token: Optional[int] = None) -> tuple[ActiveSequen
     blocks = blocks.append(new_partial)
     signals.append(Use((new_partial,)))
     return (
-        attrs.evolve(seq1, unique_blocks=blocks, block_hashes=hashes, plhs=plhs),
+        _replace(seq1, unique_blocks=blocks, block_hashes=hashes, plhs=plhs),
         tuple(signals),
     )
 
@@ -411,7 +429,7 @@ def reset_with_signal(seq: ActiveSequence) -> tuple[ActiveSequence, tuple[Deref,
     Rule: SEQ-10.  Tokens (generated ones included) and unique blocks are
     kept, so re-admission re-matches the request's own blocks.
     """
-    return attrs.evolve(seq, num_allocated_tokens=0), free_signal(seq)
+    return _replace(seq, num_allocated_tokens=0), free_signal(seq)
 
 
 def pop(seq: ActiveSequence) -> ActiveSequence:
@@ -427,4 +445,4 @@ def pop(seq: ActiveSequence) -> ActiveSequence:
     blocks = seq.unique_blocks
     if (len(seq.prompt) + len(generated)) % seq.block_size == 0 and blocks:
         blocks = blocks.delete(len(blocks) - 1)
-    return attrs.evolve(seq, generated=generated, unique_blocks=blocks)
+    return _replace(seq, generated=generated, unique_blocks=blocks)

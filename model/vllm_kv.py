@@ -170,8 +170,8 @@ class _LineageTxn:
                 parent = LineageNode(None, None, 0, None)
             if parent.n_children == 0 and parent.plh is not None:
                 del self.leaves[parent.tick]  # a Real leaf becomes interior
-            nodes[pkey] = attrs.evolve(parent, n_children=parent.n_children + 1)
-            node = attrs.evolve(node, parent=pkey)
+            nodes[pkey] = LineageNode(parent.plh, parent.parent, parent.n_children + 1, parent.tick)
+            node = LineageNode(node.plh, pkey, node.n_children, node.tick)
         nodes[key] = node
         if node.n_children == 0:
             self._add_leaf(key, tick)
@@ -195,7 +195,7 @@ class _LineageTxn:
             if pkey is None:
                 break
             parent = nodes[pkey]
-            parent = attrs.evolve(parent, n_children=parent.n_children - 1)
+            parent = LineageNode(parent.plh, parent.parent, parent.n_children - 1, parent.tick)
             if parent.n_children > 0:
                 nodes[pkey] = parent
                 break
@@ -418,18 +418,24 @@ class _Txn:
         self.events: list[KvCacheEvent] = []
         self.next_event_id = s.next_event_id
 
-    def finish(self, **extra) -> VllmKvState:
-        return attrs.evolve(
-            self.s,
-            reset=self.reset,
-            mutable=self.mutable,
-            registry=self.registry.persistent(),
-            shadow=self.shadow.persistent(),
-            active_full=self.active_full.persistent(),
-            active_partial=self.active_partial.persistent(),
-            lineage=self.lineage.finish(),
-            next_event_id=self.next_event_id,
-            **extra,
+    def finish(self, destinations=None, decode_reservations=None, next_reservation_id=None) -> VllmKvState:
+        s = self.s
+        return VllmKvState(
+            s.num_blocks,
+            s.block_size,
+            s.dp_rank,
+            s.publish_events,
+            self.reset,
+            self.mutable,
+            self.registry.persistent(),
+            self.shadow.persistent(),
+            self.active_full.persistent(),
+            self.active_partial.persistent(),
+            self.lineage.finish(),
+            s.destinations if destinations is None else destinations,
+            s.decode_reservations if decode_reservations is None else decode_reservations,
+            self.next_event_id,
+            s.next_reservation_id if next_reservation_id is None else next_reservation_id,
         )
 
     # -- events (KV-20..KV-22) ---------------------------------------------
@@ -681,7 +687,7 @@ def process(state: VllmKvState, signal: Signal) -> tuple[VllmKvState, Processed]
 
 
 def process_all(state: VllmKvState, signals: Iterable[Signal]) -> tuple[VllmKvState, tuple[Processed, ...]]:
-    """Apply signals in order (a convenience over :func:`process`; no early stop)."""
+    """KV-6/KV-9/KV-10: apply signals in order (a convenience over :func:`process`; no early stop)."""
     out = []
     for sig in signals:
         state, r = process(state, sig)
