@@ -986,11 +986,16 @@ def check_invariants(state: VllmKvState) -> None:
     real = sum(1 for n in state.lineage.nodes.values() if n.plh is not None)
     if real != state.lineage.count:
         fail("lineage count mismatch")
+    kids_of: dict = {}
+    for n in state.lineage.nodes.values():
+        if n.parent is not None:
+            if n.parent not in state.lineage.nodes:
+                fail("dangling parent link")
+            kids_of[n.parent] = kids_of.get(n.parent, 0) + 1
     for key, n in state.lineage.nodes.items():
         if n.plh is None and n.n_children == 0:
             fail("childless ghost")
-        kids = sum(1 for m in state.lineage.nodes.values() if m.parent == key)
-        if kids != n.n_children:
+        if kids_of.get(key, 0) != n.n_children:
             fail("child count mismatch")
         is_leaf = n.plh is not None and n.n_children == 0
         if is_leaf != (n.tick is not None and state.lineage.leaves.get(n.tick) == key):
