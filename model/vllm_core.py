@@ -1,0 +1,830 @@
+"""The vLLM / TRT-LLM engine core: one scheduling pass and the handoff commands.
+
+Spec: spec/vllm-core.md (rules VLLM-n, TRT-n, VGEN-n).  Upstream:
+lib/mocker/src/scheduler/vllm/core.rs and policy.rs at a822423412a0.
+
+The core is a frozen value (:class:`VllmCore`).  Public operations are pure
+functions ``(core, input) -> (core, result)``.  Internally each operation works
+on a :class:`_Txn`, a short-lived mutable working copy whose algorithm follows
+upstream step by step (index loops over the live running deque, preemption
+mid-iteration, lazy removal of stale queue entries); the transaction is frozen
+into a new core at the end.  Nothing mutable escapes it.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid as _uuid
+from typing import Any, ClassVar, Dict, List, Optional, Tuple
+
+import attrs
+import xxhash
+from pyrsistent import PMap, PSet, PVector, pmap, pset, pvector
+
+from . import handoff_commands as hc
+from . import sequence as seqm
+from . import timing
+from . import vllm_kv as kvm
+from .admission import AdmissionInvariant, AdmissionStage
+from .core import MockerMetrics, PassResult, RetryEffects
+from .engine_args import EngineArgs, EngineType, PreemptionMode, WorkerType
+from .errors import DestinationPromptTooLarge, DestinationUnsupported, InternalInvariantBroken, RequestAlreadyActive
+from .fpm import ForwardPassSnapshot, accept_length_sample, build_fpm_snapshot
+from .ids import HandoffId, RequestId
+from .ledger import HandoffLedger
+from .protocol import AdmissionEvent, Command, CommandEffects, DirectRequest, OutputSignal, SourceHeld
+from .source_holds import Held, Release
+
+USIZE_MAX = 2**64 - 1
+
+
+class RequestStatus(enum.Enum):
+    """VLLM-1: a request's status."""
+
+    WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+
+
+@attrs.frozen
+class VllmRequest:
+    """VLLM-1: per-request scheduler state."""
+
+    uuid: RequestId
+    sequence: seqm.ActiveSequence
+    status: RequestStatus
+    num_computed_tokens: int = 0
+    num_preemptions: int = 0
+
+    def prompt_is_prebuilt(self) -> bool:
+        """VLLM-1: the prompt's KV is computed and allocated (true only for activated destinations,
+        and vacuously for an empty prompt: upstream S17)."""
+        p = self.sequence.num_input_tokens
+        return self.num_computed_tokens >= p and self.sequence.num_allocated_tokens >= p
+
+
+@attrs.frozen
+class HeldVllmPrefill:
+    """VGEN-2: a completed source whose final Deref signals are deferred until release."""
+
+    request: VllmRequest
+    deferred_deref: Tuple[seqm.Deref, ...]
+
+
+@attrs.frozen
+class ReservedVllmDecode:
+    """VLLM-20: a destination with its physical KV reservation."""
+
+    request: VllmRequest
+    kv: kvm.DestinationReservation
+
+
+@attrs.frozen
+class VllmCore:
+    """VLLM-1: the whole state of one vLLM / TRT-LLM core.
+
+    ``waiting`` and ``running`` may hold stale ids (removed lazily, VLLM-2); the
+    ``*_members`` sets say which entries are live.
+    ``destination_reservation_attempts`` is upstream's test-only probe counter
+    (RETRY-3); it does not take part in equality.
+    """
+
+    args: EngineArgs
+    dp_rank: int
+    kv: kvm.VllmKvState
+    requests: PMap = pmap()
+    waiting: PVector = pvector()
+    waiting_members: PSet = pset()
+    running: PVector = pvector()
+    running_members: PSet = pset()
+    preemptions_total: int = 0
+    ledger: HandoffLedger = HandoffLedger()
+    destination_reservation_attempts: int = attrs.field(default=0, eq=False)
+
+    ops: ClassVar[Any]
+
+    # -- queries (VLLM-30) --
+
+    def is_empty(self) -> bool:
+        """VLLM-30: no scheduler-owned request (held sources and pending/reserved destinations excluded)."""
+        return not self.requests
+
+    def is_drained(self) -> bool:
+        """VLLM-30: empty and every handoff structure empty (LEDGER-5)."""
+        return self.is_empty() and self.ledger.is_empty()
+
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    def metrics(self) -> MockerMetrics:
+        """VLLM-31: active blocks, running members, waiting members plus pending and reserved destinations."""
+        pre = len(self.ledger.pending_destinations) + len(self.ledger.destination_holds)
+        return MockerMetrics.from_parts(
+            self.dp_rank,
+            kvm.num_active_blocks(self.kv),
+            self.args.num_gpu_blocks,
+            len(self.running_members),
+            len(self.waiting_members) + pre,
+            self.preemptions_total,
+        )
+
+
+def request_key(request_id: RequestId) -> int:
+    """SEQ-2 input: a stable 128-bit key per request id (the UUID's integer, else XXH3-128 of the id)."""
+    try:
+        return _uuid.UUID(request_id.value).int
+    except ValueError:
+        return xxhash.xxh3_128_intdigest(request_id.value.encode("utf-8"))
+
+
+def new_vllm_core(args: EngineArgs, *, dp_rank: int = 0, capture_kv_events: bool = False) -> VllmCore:
+    """VLLM-1: an empty core.  KV events are produced only with a capture sink and prefix caching on (KV-20)."""
+    if args.engine_type not in (EngineType.VLLM, EngineType.TRTLLM):
+        raise InternalInvariantBroken(f"the vLLM core cannot run engine {args.engine_type}", rule="VLLM-1")
+    kv = kvm.new_kv_manager(
+        args.num_gpu_blocks,
+        args.block_size,
+        dp_rank=dp_rank,
+        publish_events=capture_kv_events and args.enable_prefix_caching,
+    )
+    return VllmCore(args=args, dp_rank=dp_rank, kv=kv)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduling outcomes
+# ---------------------------------------------------------------------------------------------
+
+
+@attrs.define
+class _Work:
+    """VLLM-8: the work scheduled for one request in this pass."""
+
+    total_tokens: int
+    prompt_tokens: int
+    prefix_tokens: int
+    prompt_len: int
+    sequence_len: int
+
+
+_BLOCKED = "blocked"
+_CURRENT_PREEMPTED = "current_preempted"
+
+
+class _Txn:
+    """A mutable working copy of a :class:`VllmCore` for one operation (never escapes)."""
+
+    def __init__(self, core: VllmCore) -> None:
+        self.core = core
+        self.args = core.args
+        self.kv = core.kv
+        self.requests: Dict[RequestId, VllmRequest] = dict(core.requests)
+        self.waiting: List[RequestId] = list(core.waiting)
+        self.waiting_members = set(core.waiting_members)
+        self.running: List[RequestId] = list(core.running)
+        self.running_members = set(core.running_members)
+        self.preemptions_total = core.preemptions_total
+        self.ledger = core.ledger
+        self.attempts = core.destination_reservation_attempts
+        self.kv_events: List[object] = []
+        self.lifecycle_events: List[object] = []
+
+    def freeze(self) -> VllmCore:
+        return VllmCore(
+            args=self.args,
+            dp_rank=self.core.dp_rank,
+            kv=self.kv,
+            requests=pmap(self.requests),
+            waiting=pvector(self.waiting),
+            waiting_members=pset(self.waiting_members),
+            running=pvector(self.running),
+            running_members=pset(self.running_members),
+            preemptions_total=self.preemptions_total,
+            ledger=self.ledger,
+            destination_reservation_attempts=self.attempts,
+        )
+
+    # -- KV manager ------------------------------------------------------------------------
+
+    def process(self, signal) -> int:
+        self.kv, res = kvm.process(self.kv, signal)
+        self.kv_events.extend(res.events)
+        return res.count
+
+    def num_active_blocks(self) -> int:
+        return kvm.num_active_blocks(self.kv)
+
+    # -- queue discipline (VLLM-2) ---------------------------------------------------------
+
+    def _update(self, uuid: RequestId, **changes) -> VllmRequest:
+        req = attrs.evolve(self.requests[uuid], **changes)
+        self.requests[uuid] = req
+        return req
+
+    def push_waiting(self, uuid: RequestId) -> None:
+        if uuid in self.waiting_members:
+            return
+        self.waiting_members.add(uuid)
+        self.waiting.append(uuid)
+
+    def insert_waiting(self, uuid: RequestId, request: VllmRequest) -> None:
+        """VLLM-2: add a request and append it to the waiting tail."""
+        if uuid in self.requests:
+            raise InternalInvariantBroken(f"request {uuid} already in state", rule="VLLM-2")
+        self.requests[uuid] = request
+        self.push_waiting(uuid)
+
+    def prepend_waiting(self, uuid: RequestId) -> None:
+        if uuid in self.waiting_members:
+            return
+        self.waiting_members.add(uuid)
+        self.waiting.insert(0, uuid)
+
+    def remove_from_waiting(self, uuid: RequestId) -> None:
+        try:
+            self.waiting.remove(uuid)
+        except ValueError:
+            pass
+        self.waiting_members.discard(uuid)
+
+    def next_waiting_uuid(self, prefer_materialized: bool) -> Optional[RequestId]:
+        """VLLM-2 / VLLM-12: drop stale heads; then the first prebuilt request (under a pending
+        destination) or the head."""
+        while True:
+            if not self.waiting:
+                return None
+            uuid = self.waiting[0]
+            req = self.requests.get(uuid)
+            if uuid in self.waiting_members and req is not None and req.status is not RequestStatus.RUNNING:
+                break
+            self.waiting.pop(0)
+            self.waiting_members.discard(uuid)
+        if prefer_materialized:
+            for uuid in self.waiting:
+                req = self.requests.get(uuid)
+                if uuid in self.waiting_members and req is not None and req.prompt_is_prebuilt():
+                    return uuid
+            return None
+        return self.waiting[0]
+
+    def _is_running(self, uuid: RequestId) -> bool:
+        req = self.requests.get(uuid)
+        return uuid in self.running_members and req is not None and req.status is RequestStatus.RUNNING
+
+    def compact_running(self) -> None:
+        """VLLM-2: rebuild the running deque with only live running entries."""
+        kept = []
+        for uuid in self.running:
+            if self._is_running(uuid):
+                kept.append(uuid)
+            else:
+                self.running_members.discard(uuid)
+        self.running = kept
+
+    def transition_to_running(self, uuid: RequestId) -> None:
+        self.remove_from_waiting(uuid)
+        if uuid not in self.running_members:
+            self.running_members.add(uuid)
+            self.running.append(uuid)
+        if uuid in self.requests:
+            self._update(uuid, status=RequestStatus.RUNNING)
+
+    def take_completed(self, uuid: RequestId) -> Optional[VllmRequest]:
+        """VLLM-2: forget a request; its stale queue entries are skipped later."""
+        self.waiting_members.discard(uuid)
+        self.running_members.discard(uuid)
+        return self.requests.pop(uuid, None)
+
+    def preempt(self, mode: PreemptionMode) -> Optional[Tuple[RequestId, Tuple[seqm.Deref, ...]]]:
+        """VLLM-15: pop a victim (back for LIFO, front for FIFO), reset it, prepend it to waiting."""
+        while True:
+            if not self.running:
+                return None
+            cand = self.running.pop() if mode is PreemptionMode.LIFO else self.running.pop(0)
+            if self._is_running(cand):
+                break
+            self.running_members.discard(cand)
+        self.running_members.discard(cand)
+        req = self.requests[cand]
+        new_seq, derefs = seqm.reset_with_signal(req.sequence)
+        self.requests[cand] = attrs.evolve(
+            req,
+            sequence=new_seq,
+            status=RequestStatus.PREEMPTED,
+            num_computed_tokens=0,
+            num_preemptions=req.num_preemptions + 1,
+        )
+        self.preemptions_total += 1
+        self.prepend_waiting(cand)
+        return cand, derefs
+
+    # -- policy ----------------------------------------------------------------------------
+
+    def is_trtllm(self) -> bool:
+        return self.args.engine_type is EngineType.TRTLLM
+
+    def policy_preempt(self) -> Optional[Tuple[RequestId, Tuple[seqm.Deref, ...]]]:
+        """VLLM-15 / TRT-3: preempt under vLLM (bumping the generation); TRT-LLM never preempts."""
+        if self.is_trtllm():
+            return None
+        out = self.preempt(self.args.preemption_mode)
+        if out is not None:
+            hc.bump(self)
+        return out
+
+    def make_request(self, request: DirectRequest, status: RequestStatus) -> VllmRequest:
+        """VLLM-3 / TRT-1: build a request's state (TRT-LLM clamps ``max_output_tokens``)."""
+        max_out = request.max_output_tokens
+        if self.is_trtllm():
+            capacity = self.args.num_gpu_blocks * self.args.block_size
+            if len(request.tokens) < capacity:
+                max_out = min(max_out, capacity - len(request.tokens))
+        seq = seqm.new_sequence(
+            request_key(request.uuid),
+            request.tokens,
+            max_out,
+            block_size=self.args.block_size,
+            enable_prefix_caching=self.args.enable_prefix_caching,
+            emit_token_ids=self.args.zmq_kv_events_port is not None,
+        )
+        return VllmRequest(request.uuid, seq, status)
+
+    def decide_waiting_admission(self, req: VllmRequest):
+        """VLLM-13 / TRT-2: ``("admit", cost)``, ``("wait", None)`` or ``("reject", None)``."""
+        seq = req.sequence
+        n = self.args.num_gpu_blocks
+        bs = self.args.block_size
+        fresh = req.status is RequestStatus.WAITING
+        if fresh:
+            footprint = seq.to_completion_blocks() if self.is_trtllm() else seq.current_known_blocks()
+            if footprint > n:
+                return ("reject", None)
+        cost = kvm.get_prefill_cost(self.kv, seq)
+        free = max(n - self.num_active_blocks(), 0)
+        if self.is_trtllm():
+            reserved = 0
+            for uuid in self.running:
+                other = self.requests.get(uuid)
+                if other is not None:
+                    reserved += self._blocks_needed_to_finish(other.sequence, None)
+            available = max(free - reserved, 0)
+            needed = self._blocks_needed_to_finish(seq, cost)
+        else:
+            available = free
+            needed = max(seq.current_known_blocks() - cost.active_cached_tokens // bs, 0)
+        if needed > available:
+            return ("wait", None)
+        return ("admit", cost)
+
+    def _blocks_needed_to_finish(self, seq: seqm.ActiveSequence, cost: Optional[kvm.PrefillCost]) -> int:
+        """TRT-2: blocks still to reserve for a request to run to completion."""
+        bs = self.args.block_size
+        full = seq.to_completion_blocks()
+        if seq.num_allocated_tokens == 0:
+            active_cached = (cost if cost is not None else kvm.get_prefill_cost(self.kv, seq)).active_cached_tokens
+            return max(full - active_cached // bs, 0)
+        return max(full - _ceil_div(seq.num_allocated_tokens, bs), 0)
+
+    # -- request lifecycle -----------------------------------------------------------------
+
+    def drop_request(self, uuid: RequestId) -> None:
+        """VLLM-17: free a scheduler-owned request's KV and forget it; bump if capacity improved."""
+        before = self.num_active_blocks()
+        req = self.requests.get(uuid)
+        if req is None:
+            if self.num_active_blocks() < before:
+                hc.bump(self)
+            return
+        improved = (
+            req.sequence.num_allocated_tokens > 0
+            or uuid in self.running_members
+            or self.num_active_blocks() < before
+        )
+        for sig in seqm.free_signal(req.sequence):
+            self.process(sig)
+        holds, _ = self.ledger.source_holds.remove_request(uuid)
+        active, _ = self.ledger.active_destinations.remove_request(uuid)
+        self.ledger = attrs.evolve(self.ledger, source_holds=holds, active_destinations=active)
+        self.take_completed(uuid)
+        if improved:
+            hc.bump(self)
+
+    def complete_source(self, uuid: RequestId, deferred: Tuple[seqm.Deref, ...]) -> None:
+        """VGEN-1 / VGEN-2: a request finished: release its KV or hold it for its handoff; bump always."""
+        req = self.requests.get(uuid)
+        transfer = None
+        if req is not None:
+            transfer = timing.prefill_transfer_timing(req.sequence.num_input_tokens, self.args)
+        req = self.take_completed(uuid)
+        if req is None:
+            raise InternalInvariantBroken("completed request must remain scheduler-owned", rule="VGEN-1")
+        holds, outcome = self.ledger.source_holds.complete_source(uuid, HeldVllmPrefill(req, tuple(deferred)))
+        self.ledger = attrs.evolve(self.ledger, source_holds=holds)
+        if isinstance(outcome, Release):
+            self.release_held_source(outcome.payload)
+        else:
+            assert isinstance(outcome, Held)
+            self.lifecycle_events.append(SourceHeld(outcome.handoff_id, uuid, transfer))
+        active, _ = self.ledger.active_destinations.remove_request(uuid)
+        self.ledger = attrs.evolve(self.ledger, active_destinations=active)
+        hc.bump(self)
+
+    # -- handoff hooks (spec/core-commands.md) ---------------------------------------------
+
+    def scheduler_owns(self, request_id: RequestId) -> bool:
+        return request_id in self.requests
+
+    def submit(self, request: DirectRequest) -> None:
+        """CMD-2: a new request waits at the tail with status Waiting."""
+        if request.uuid in self.requests:
+            raise RequestAlreadyActive(f"request {request.uuid} is already active")
+        self.insert_waiting(request.uuid, self.make_request(request, RequestStatus.WAITING))
+
+    def release_held_source(self, payload: HeldVllmPrefill) -> None:
+        """VGEN-2: process the deferred Deref signals (no KV events: Deref never publishes)."""
+        for sig in payload.deferred_deref:
+            self.process(sig)
+
+    def cancel_scheduled_request(self, request_id: RequestId) -> None:
+        self.drop_request(request_id)
+
+    def destination_precheck(self) -> None:
+        """TRT-4: TRT-LLM rejects every reservation before any other check."""
+        if self.is_trtllm():
+            raise DestinationUnsupported("destination reservation is not supported for TRT-LLM", rule="TRT-4")
+
+    def pending_destination_payload(self, request: DirectRequest) -> VllmRequest:
+        """VLLM-20: build the request (status WaitingForRemoteKv); reject a prompt that can never fit."""
+        req = self.make_request(request, RequestStatus.WAITING_FOR_REMOTE_KV)
+        if req.sequence.current_known_blocks() > self.args.num_gpu_blocks:
+            raise DestinationPromptTooLarge("destination prompt exceeds the KV pool capacity", rule="VLLM-20")
+        return req
+
+    def activate_destination(self, handoff_id: HandoffId, request_id: RequestId, reserved: ReservedVllmDecode) -> None:
+        """VLLM-21: publish the reservation, mark the prompt computed, append to waiting;
+        bump iff the active-block count fell (cache collision)."""
+        before = self.num_active_blocks()
+        self.kv, res = kvm.activate_destination(self.kv, reserved.kv)
+        self.kv_events.extend(res.events)
+        req = reserved.request
+        p = req.sequence.num_input_tokens
+        req = attrs.evolve(
+            req,
+            sequence=seqm.commit_allocation(req.sequence, p),
+            num_computed_tokens=p,
+            status=RequestStatus.WAITING,
+        )
+        active, _ = self.ledger.active_destinations.insert(handoff_id, request_id)
+        self.ledger = attrs.evolve(self.ledger, active_destinations=active)
+        self.insert_waiting(request_id, req)
+        if self.num_active_blocks() < before:
+            hc.bump(self)
+
+    def cancel_reservation(self, reserved: ReservedVllmDecode) -> None:
+        """VLLM-22: drop the reservation's handles (no events)."""
+        self.kv = kvm.cancel_destination(self.kv, reserved.kv)
+
+    def retry_gate_open(self) -> bool:
+        """RETRY-2 (vLLM): the head is probed only while the running set has a free slot (S13)."""
+        cap = self.args.max_num_seqs if self.args.max_num_seqs is not None else USIZE_MAX
+        return len(self.running_members) < cap
+
+    def note_reservation_attempt(self) -> None:
+        self.attempts += 1
+
+    def probe_destination(self, payload: VllmRequest, now_ms: Optional[float]):
+        """VLLM-20: try to reserve the head's prompt KV; ``(reserved, transferable_tokens)`` or None."""
+        self.kv, res = kvm.reserve_destination(self.kv, payload.sequence)
+        self.kv_events.extend(res.events)
+        if res.reservation is None:
+            return None
+        return (
+            ReservedVllmDecode(payload, res.reservation),
+            res.reservation.transferable_prompt_tokens(self.args.block_size),
+        )
+
+    # -- the pass --------------------------------------------------------------------------
+
+    def schedule_request(self, uuid: RequestId, from_waiting: bool, cost: Optional[kvm.PrefillCost], p):
+        """VLLM-7..VLLM-11: schedule one request against the budget; allocate; preempt on failure."""
+        req = self.requests[uuid]
+        if req.num_computed_tokens == 0:
+            cached = cost.cached_tokens if cost is not None else kvm.get_prefill_cost(self.kv, req.sequence).cached_tokens
+        else:
+            cached = 0
+        effective_before = req.num_computed_tokens + cached
+        prompt_len = req.sequence.num_input_tokens
+        prompt_before = min(effective_before, prompt_len)
+        remaining = max(len(req.sequence) - effective_before, 0)
+        prompt_remaining = max(prompt_len - prompt_before, 0)
+        if prompt_remaining > 0 and not self.args.enable_chunked_prefill and prompt_remaining > p.budget:
+            return _BLOCKED
+        desired = min(remaining, p.budget)
+        if desired == 0 and remaining > 0:
+            return _BLOCKED
+        target = effective_before + desired
+        actual = target
+        bs = self.args.block_size
+        while True:
+            req = self.requests[uuid]
+            prev_alloc = req.sequence.num_allocated_tokens
+            if target <= prev_alloc:
+                self._update(uuid, num_computed_tokens=actual)
+                break
+            signal = seqm.prepare_allocation(req.sequence, target)
+            if signal is None:
+                self._update(uuid, sequence=seqm.commit_allocation(req.sequence, target), num_computed_tokens=actual)
+                break
+            expected = len(signal.blocks)
+            got = self.process(signal)
+            req = self.requests[uuid]
+            if got == expected:
+                committed = target
+            else:
+                prev_blocks = min(_ceil_div(prev_alloc, bs), len(req.sequence.unique_blocks))
+                committed = (prev_blocks + got) * bs
+            current = min(actual, committed)
+            self._update(
+                uuid,
+                sequence=seqm.commit_allocation(req.sequence, min(committed, target)),
+                num_computed_tokens=current,
+            )
+            if got == expected:
+                break
+            victim = self.policy_preempt()
+            if victim is None:
+                actual = current
+                break
+            victim_id, derefs = victim
+            for sig in derefs:
+                self.process(sig)
+            p.preempted_any = True
+            undone = p.scheduled.pop(victim_id, None)
+            if undone is not None:
+                p.budget += undone.total_tokens
+                if undone.prompt_tokens > 0 and self.args.worker_type is not WorkerType.DECODE:
+                    p.batch_count = max(p.batch_count - 1, 0)
+                    p.batch_total_isl = max(p.batch_total_isl - (undone.prefix_tokens + undone.prompt_tokens), 0)
+                    p.batch_total_prefix = max(p.batch_total_prefix - undone.prefix_tokens, 0)
+            if victim_id == uuid:
+                return _CURRENT_PREEMPTED
+        used = max(actual - effective_before, 0)
+        seq_len = len(self.requests[uuid].sequence) if uuid in self.requests else 0
+        if used == 0 and actual < seq_len:
+            return _BLOCKED
+        prompt_after = min(actual, prompt_len)
+        prompt_tokens = max(prompt_after - prompt_before, 0)
+        p.scheduled[uuid] = _Work(used, prompt_tokens, prompt_before, prompt_len, seq_len)
+        if prompt_tokens > 0 and self.args.worker_type is not WorkerType.DECODE:
+            p.batch_count += 1
+            p.batch_total_isl += prompt_before + prompt_tokens
+            p.batch_total_prefix += prompt_before
+        if from_waiting:
+            self.transition_to_running(uuid)
+        p.budget = max(p.budget - used, 0)
+        admission = AdmissionEvent(uuid, cached) if from_waiting else None
+        return (used, admission)
+
+    def emit_ready_tokens(self, decode_start_ms: float):
+        """VLLM-14 / VLLM-16: one token for every running request whose known tokens are computed."""
+        ready = []
+        total_length = 0
+        for uuid in self.running:
+            req = self.requests.get(uuid)
+            if req is None:
+                continue
+            seq = req.sequence
+            if req.num_computed_tokens < len(seq) or seq.generated_tokens >= seq.max_output_tokens:
+                continue
+            ready.append(uuid)
+            total_length += len(seq)
+        if not ready:
+            return 0, decode_start_ms, []
+        decode_ns = timing.vllm_decode_duration_ns(len(ready), total_length, self.num_active_blocks(), self.args)
+        if self.args.worker_type is WorkerType.PREFILL:
+            decode_end_ms = decode_start_ms
+        else:
+            decode_end_ms = timing.advance_ms(decode_start_ms, decode_ns)
+        signals: List[OutputSignal] = []
+        running_changed = False
+        for uuid in ready:
+            emitted = False
+            completed = False
+            deferred: Tuple[seqm.Deref, ...] = ()
+            while True:
+                if uuid not in self.running_members or uuid not in self.requests:
+                    break
+                req = self.requests[uuid]
+                new_seq, sigs = seqm.generate(req.sequence)
+                completed = new_seq.generated_tokens >= new_seq.max_output_tokens
+                if completed:
+                    immediate = tuple(s for s in sigs if not isinstance(s, seqm.Deref))
+                    cleanup = tuple(s for s in sigs if isinstance(s, seqm.Deref))
+                else:
+                    immediate, cleanup = tuple(sigs), ()
+                self._update(uuid, sequence=new_seq)
+                if not immediate or self._process_decode_signals(immediate):
+                    if immediate and not completed:
+                        cur = self.requests[uuid].sequence
+                        self._update(uuid, sequence=seqm.commit_allocation(cur, len(cur)))
+                    emitted = True
+                    deferred = cleanup
+                    break
+                cur = self.requests[uuid].sequence
+                self._update(uuid, sequence=seqm.pop(cur))
+                victim = self.policy_preempt()
+                if victim is None:
+                    break
+                running_changed = True
+                victim_id, derefs = victim
+                for sig in derefs:
+                    self.process(sig)
+                if victim_id == uuid:
+                    break
+            if not emitted:
+                continue
+            req = self.requests[uuid]
+            delay = timing.prefill_handoff_delay_ms(
+                self.args.worker_type, completed, req.sequence.num_input_tokens,
+                self.args.kv_transfer_bandwidth, self.args.kv_bytes_per_token,
+            )
+            signal = OutputSignal(uuid, completed, False, delay)
+            if completed:
+                self.complete_source(uuid, deferred)
+                running_changed = True
+            signals.append(signal)
+        if running_changed:
+            self.compact_running()
+        if not signals:
+            return 0, decode_end_ms, signals
+        return decode_ns, decode_end_ms, signals
+
+    def _process_decode_signals(self, signals) -> bool:
+        """VLLM-14: apply Promote/Use in order; a Use that cannot allocate its one partial block fails."""
+        for sig in signals:
+            if self.process(sig) > 0:
+                continue
+            if not isinstance(sig, seqm.Use) or len(sig.blocks) != 1 or not isinstance(sig.blocks[0], seqm.PartialBlock):
+                raise InternalInvariantBroken(f"unexpected failed decode signal {sig!r}", rule="VLLM-14")
+            return False
+        return True
+
+    def execute_pass(self, now_ms: float) -> PassResult:
+        """VLLM-4..VLLM-19: one scheduling pass at ``now_ms``."""
+        requests_before = len(self.requests)
+        self.compact_running()
+        p = _PassScratch(self.args.max_num_batched_tokens if self.args.max_num_batched_tokens is not None else USIZE_MAX)
+        admissions: List[AdmissionEvent] = []
+
+        # VLLM-5: the running loop, indexing the live deque
+        i = 0
+        while i < len(self.running) and p.budget > 0:
+            uuid = self.running[i]
+            out = self.schedule_request(uuid, False, None, p)
+            if out == _BLOCKED:
+                break
+            if out == _CURRENT_PREEMPTED:
+                continue
+            _, admission = out
+            if admission is not None:
+                admissions.append(admission)
+            i += 1
+
+        # VLLM-12: the waiting loop
+        max_running = self.args.max_num_seqs if self.args.max_num_seqs is not None else USIZE_MAX
+        invariant = AdmissionInvariant(self.ledger.pending_destinations.has_pending())
+        rejected: List[RequestId] = []
+        while not p.preempted_any and len(self.running) < max_running:
+            prefer = invariant.stage_for(False) is AdmissionStage.PENDING_DESTINATION_HEAD
+            uuid = self.next_waiting_uuid(prefer)
+            if uuid is None:
+                break
+            req = self.requests[uuid]
+            stage = invariant.stage_for(req.prompt_is_prebuilt())
+            if stage is AdmissionStage.MATERIALIZED:
+                p_len = req.sequence.num_input_tokens
+                decision = ("admit", kvm.PrefillCost(0, 0, p_len, p_len))
+            elif stage is AdmissionStage.PENDING_DESTINATION_HEAD:
+                break
+            else:
+                decision = self.decide_waiting_admission(req)
+            kind, cost = decision
+            if kind == "wait":
+                break
+            if kind == "reject":
+                rejected.append(uuid)
+                self.drop_request(uuid)
+                continue
+            out = self.schedule_request(uuid, True, cost, p)
+            if out == _BLOCKED or out == _CURRENT_PREEMPTED:
+                break
+            used, admission = out
+            if admission is not None:
+                admissions.append(admission)
+            if used == 0 and p.budget == 0:
+                break
+
+        # VLLM-18: timing and emission
+        prefill_ns = timing.prefill_duration_ns(p.batch_count, p.batch_total_isl, p.batch_total_prefix, self.args)
+        decode_start_ms = timing.advance_ms(now_ms, prefill_ns)
+        decode_ns, token_ms, signals = self.emit_ready_tokens(decode_start_ms)
+        for uuid in rejected:
+            signals.append(OutputSignal(uuid, True, True, None))
+        end_ms = timing.advance_ms(decode_start_ms, decode_ns)
+        fpm = self.compute_fpm(p.scheduled, (end_ms - now_ms) / 1000.0)
+        visible, forwards = accept_length_sample(signals)
+        lifecycle = tuple(self.lifecycle_events)
+        self.lifecycle_events = []
+        return PassResult(
+            now_ms=now_ms,
+            end_ms=end_ms,
+            token_ms=token_ms,
+            completed_requests=max(requests_before - len(self.requests), 0),
+            output_signals=tuple(signals),
+            admissions=tuple(admissions),
+            lifecycle_events=lifecycle,
+            metrics=self.freeze().metrics(),
+            router_event_visibility="pass_start",
+            kv_events=tuple(self.kv_events),
+            fpm=fpm,
+            accept_length_output_tokens=visible,
+            accept_length_decode_forwards=forwards,
+        )
+
+    def compute_fpm(self, scheduled: Dict[RequestId, _Work], wall_time_secs: float) -> ForwardPassSnapshot:
+        """VLLM-19: the FPM snapshot (scheduled in scheduling order; upstream iterates a hash map)."""
+        works = list(scheduled.values())
+        prefills = [(w.prompt_len, w.prefix_tokens, w.total_tokens) for w in works if w.prompt_tokens > 0]
+        decodes = [w.sequence_len for w in works if w.prompt_tokens == 0]
+        active = self.ledger.active_destinations
+        queued_prefills = []
+        queued_decodes = []
+        for uuid in self.waiting:
+            req = self.requests.get(uuid)
+            if req is None:
+                continue
+            if req.status is RequestStatus.WAITING and not active.contains_request(uuid):
+                queued_prefills.append(req.sequence.num_input_tokens)
+        for uuid in self.waiting:
+            req = self.requests.get(uuid)
+            if req is None:
+                continue
+            if active.contains_request(uuid):
+                queued_decodes.append(req.sequence.num_input_tokens)
+            elif req.status is RequestStatus.PREEMPTED:
+                queued_decodes.append(req.sequence.num_input_tokens + req.sequence.generated_tokens)
+        for payload in self.ledger.pending_destinations.payloads():
+            queued_decodes.append(payload.sequence.num_input_tokens)
+        for reserved in self.ledger.destination_holds.payloads():
+            queued_decodes.append(reserved.request.sequence.num_input_tokens)
+        return build_fpm_snapshot(prefills, decodes, queued_prefills, queued_decodes, wall_time_secs)
+
+
+@attrs.define
+class _PassScratch:
+    """Pass-local counters (VLLM-4)."""
+
+    budget: int
+    scheduled: Dict[RequestId, _Work] = attrs.Factory(dict)
+    batch_count: int = 0
+    batch_total_isl: int = 0
+    batch_total_prefix: int = 0
+    preempted_any: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Public pure operations
+# ---------------------------------------------------------------------------------------------
+
+
+class _Ops:
+    @staticmethod
+    def apply_command_effects(core: VllmCore, command: Command, allow: bool = True, now_ms: Optional[float] = None):
+        """CMD-1..CMD-9 on the vLLM core."""
+        txn = _Txn(core)
+        effects = hc.apply_command_effects(txn, command, allow, now_ms)
+        return txn.freeze(), CommandEffects(effects.result, effects.lifecycle_events, tuple(txn.kv_events))
+
+    @staticmethod
+    def execute_pass(core: VllmCore, now_ms: float):
+        txn = _Txn(core)
+        result = txn.execute_pass(now_ms)
+        return txn.freeze(), result
+
+    @staticmethod
+    def retry_pending_destinations(core: VllmCore, now_ms: Optional[float] = None):
+        txn = _Txn(core)
+        events = hc.retry(txn, now_ms)
+        return txn.freeze(), RetryEffects(events, tuple(txn.kv_events))
+
+    is_empty = staticmethod(VllmCore.is_empty)
+    is_drained = staticmethod(VllmCore.is_drained)
+    num_requests = staticmethod(VllmCore.num_requests)
+    metrics = staticmethod(VllmCore.metrics)
+
+
+VllmCore.ops = _Ops
