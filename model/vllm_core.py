@@ -104,21 +104,21 @@ class VllmCore:
 
     ops: ClassVar[Any]
 
-    # -- queries (VLLM-30) --
+    # -- queries (VLLM-24, VLLM-25) --
 
     def is_empty(self) -> bool:
-        """VLLM-30: no scheduler-owned request (held sources and pending/reserved destinations excluded)."""
+        """VLLM-24: no scheduler-owned request (held sources and pending/reserved destinations excluded)."""
         return not self.requests
 
     def is_drained(self) -> bool:
-        """VLLM-30: empty and every handoff structure empty (LEDGER-5)."""
+        """VLLM-24: empty and every handoff structure empty (LEDGER-5)."""
         return self.is_empty() and self.ledger.is_empty()
 
     def num_requests(self) -> int:
         return len(self.requests)
 
     def metrics(self) -> MockerMetrics:
-        """VLLM-31: active blocks, running members, waiting members plus pending and reserved destinations."""
+        """VLLM-25: active blocks, running members, waiting members plus pending and reserved destinations."""
         pre = len(self.ledger.pending_destinations) + len(self.ledger.destination_holds)
         return MockerMetrics.from_parts(
             self.dp_rank,
@@ -131,7 +131,7 @@ class VllmCore:
 
 
 def request_key(request_id: RequestId) -> int:
-    """SEQ-2 input: a stable 128-bit key per request id (the UUID's integer, else XXH3-128 of the id)."""
+    """VLLM-3 / SEQ-2 input: a stable 128-bit key per request id (the UUID's integer, else XXH3-128 of the id)."""
     try:
         return _uuid.UUID(request_id.value).int
     except ValueError:
@@ -162,7 +162,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 @attrs.define
 class _Work:
-    """VLLM-8: the work scheduled for one request in this pass."""
+    """VLLM-9: the work scheduled for one request in this pass."""
 
     total_tokens: int
     prompt_tokens: int
@@ -252,8 +252,8 @@ class _Txn:
         self.waiting_members.discard(uuid)
 
     def next_waiting_uuid(self, prefer_materialized: bool) -> Optional[RequestId]:
-        """VLLM-2 / VLLM-12: drop stale heads; then the first prebuilt request (under a pending
-        destination) or the head."""
+        """VLLM-2 / VLLM-11: drop stale heads; then the first prebuilt request (under a pending
+        destination, VLLM-Q3) or the head.  A stale entry of a resubmitted id is live again (VLLM-Q8)."""
         while True:
             if not self.waiting:
                 return None
@@ -328,7 +328,7 @@ class _Txn:
         return self.args.engine_type is EngineType.TRTLLM
 
     def policy_preempt(self) -> Optional[Tuple[RequestId, Tuple[seqm.Deref, ...]]]:
-        """VLLM-15 / TRT-3: preempt under vLLM (bumping the generation); TRT-LLM never preempts."""
+        """VLLM-15 / TRT-3 / VGEN-1: preempt under vLLM (bumping the generation); TRT-LLM never preempts."""
         if self.is_trtllm():
             return None
         out = self.preempt(self.args.preemption_mode)
@@ -354,7 +354,9 @@ class _Txn:
         return VllmRequest(request.uuid, seq, status)
 
     def decide_waiting_admission(self, req: VllmRequest):
-        """VLLM-13 / TRT-2: ``("admit", cost)``, ``("wait", None)`` or ``("reject", None)``."""
+        """VLLM-13 / TRT-2: ``("admit", cost)``, ``("wait", None)`` or ``("reject", None)``.
+
+        Only a fresh request can be rejected; a preempted one larger than the pool waits (VLLM-Q5)."""
         seq = req.sequence
         n = self.args.num_gpu_blocks
         bs = self.args.block_size
@@ -392,7 +394,7 @@ class _Txn:
     # -- request lifecycle -----------------------------------------------------------------
 
     def drop_request(self, uuid: RequestId) -> None:
-        """VLLM-17: free a scheduler-owned request's KV and forget it; bump if capacity improved."""
+        """VLLM-17 / VGEN-1: free a scheduler-owned request's KV and forget it; bump if capacity improved."""
         before = self.num_active_blocks()
         req = self.requests.get(uuid)
         if req is None:
@@ -414,14 +416,14 @@ class _Txn:
             hc.bump(self)
 
     def complete_source(self, uuid: RequestId, deferred: Tuple[seqm.Deref, ...]) -> None:
-        """VGEN-1 / VGEN-2: a request finished: release its KV or hold it for its handoff; bump always."""
+        """VLLM-23 / VGEN-1 / VGEN-2: a request finished: release its KV or hold it for its handoff; bump always."""
         req = self.requests.get(uuid)
         transfer = None
         if req is not None:
             transfer = timing.prefill_transfer_timing(req.sequence.num_input_tokens, self.args)
         req = self.take_completed(uuid)
         if req is None:
-            raise InternalInvariantBroken("completed request must remain scheduler-owned", rule="VGEN-1")
+            raise InternalInvariantBroken("completed request must remain scheduler-owned", rule="VLLM-23")
         holds, outcome = self.ledger.source_holds.complete_source(uuid, HeldVllmPrefill(req, tuple(deferred)))
         self.ledger = attrs.evolve(self.ledger, source_holds=holds)
         if isinstance(outcome, Release):
@@ -436,10 +438,11 @@ class _Txn:
     # -- handoff hooks (spec/core-commands.md) ---------------------------------------------
 
     def scheduler_owns(self, request_id: RequestId) -> bool:
+        """VLLM-26: scheduler-owned means in the request map."""
         return request_id in self.requests
 
     def submit(self, request: DirectRequest) -> None:
-        """CMD-2: a new request waits at the tail with status Waiting."""
+        """CMD-2 / VLLM-3: a new request waits at the tail with status Waiting."""
         if request.uuid in self.requests:
             raise RequestAlreadyActive(f"request {request.uuid} is already active")
         self.insert_waiting(request.uuid, self.make_request(request, RequestStatus.WAITING))
@@ -465,7 +468,7 @@ class _Txn:
         return req
 
     def activate_destination(self, handoff_id: HandoffId, request_id: RequestId, reserved: ReservedVllmDecode) -> None:
-        """VLLM-21: publish the reservation, mark the prompt computed, append to waiting;
+        """VLLM-21 / VGEN-1: publish the reservation, mark the prompt computed, append to waiting;
         bump iff the active-block count fell (cache collision)."""
         before = self.num_active_blocks()
         self.kv, res = kvm.activate_destination(self.kv, reserved.kv)
@@ -489,7 +492,7 @@ class _Txn:
         self.kv = kvm.cancel_destination(self.kv, reserved.kv)
 
     def retry_gate_open(self) -> bool:
-        """RETRY-2 (vLLM): the head is probed only while the running set has a free slot (S13)."""
+        """VLLM-26 / RETRY-2: the head is probed only while the running set has a free slot (S13)."""
         cap = self.args.max_num_seqs if self.args.max_num_seqs is not None else USIZE_MAX
         return len(self.running_members) < cap
 
@@ -510,7 +513,10 @@ class _Txn:
     # -- the pass --------------------------------------------------------------------------
 
     def schedule_request(self, uuid: RequestId, from_waiting: bool, cost: Optional[kvm.PrefillCost], p):
-        """VLLM-7..VLLM-11: schedule one request against the budget; allocate; preempt on failure."""
+        """VLLM-6..VLLM-10: schedule one request against the budget; allocate; preempt on failure.
+
+        A ``Blocked`` return keeps any partial allocation (VLLM-Q2); a fully cached prompt is
+        scheduled with no budget (VLLM-Q7)."""
         req = self.requests[uuid]
         if req.num_computed_tokens == 0:
             cached = cost.cached_tokens if cost is not None else kvm.get_prefill_cost(self.kv, req.sequence).cached_tokens
@@ -529,6 +535,7 @@ class _Txn:
         target = effective_before + desired
         actual = target
         bs = self.args.block_size
+        # VLLM-7: the allocation loop; VLLM-8: preempt and retry on a short allocation
         while True:
             req = self.requests[uuid]
             prev_alloc = req.sequence.num_allocated_tokens
@@ -590,7 +597,9 @@ class _Txn:
         return (used, admission)
 
     def emit_ready_tokens(self, decode_start_ms: float):
-        """VLLM-14 / VLLM-16: one token for every running request whose known tokens are computed."""
+        """VLLM-14 / VLLM-16: one token for every running request whose known tokens are computed.
+
+        ``max_output_tokens = 0`` is never ready (VLLM-Q4); the final token may allocate (VLLM-Q6)."""
         ready = []
         total_length = 0
         for uuid in self.running:
@@ -664,23 +673,23 @@ class _Txn:
         return decode_ns, decode_end_ms, signals
 
     def _process_decode_signals(self, signals) -> bool:
-        """VLLM-14: apply Promote/Use in order; a Use that cannot allocate its one partial block fails."""
+        """VLLM-16: apply Promote/Use in order; a Use that cannot allocate its one partial block fails."""
         for sig in signals:
             if self.process(sig) > 0:
                 continue
             if not isinstance(sig, seqm.Use) or len(sig.blocks) != 1 or not isinstance(sig.blocks[0], seqm.PartialBlock):
-                raise InternalInvariantBroken(f"unexpected failed decode signal {sig!r}", rule="VLLM-14")
+                raise InternalInvariantBroken(f"unexpected failed decode signal {sig!r}", rule="VLLM-16")
             return False
         return True
 
     def execute_pass(self, now_ms: float) -> PassResult:
-        """VLLM-4..VLLM-19: one scheduling pass at ``now_ms``."""
+        """VLLM-4..VLLM-19: one scheduling pass at ``now_ms`` (VLLM-18 assembles the result)."""
         requests_before = len(self.requests)
         self.compact_running()
         p = _PassScratch(self.args.max_num_batched_tokens if self.args.max_num_batched_tokens is not None else USIZE_MAX)
         admissions: List[AdmissionEvent] = []
 
-        # VLLM-5: the running loop, indexing the live deque
+        # VLLM-5: the running loop, indexing the live deque (FIFO preemption skips one: VLLM-Q1)
         i = 0
         while i < len(self.running) and p.budget > 0:
             uuid = self.running[i]
@@ -694,7 +703,7 @@ class _Txn:
                 admissions.append(admission)
             i += 1
 
-        # VLLM-12: the waiting loop
+        # VLLM-11 / VLLM-12: the waiting loop
         max_running = self.args.max_num_seqs if self.args.max_num_seqs is not None else USIZE_MAX
         invariant = AdmissionInvariant(self.ledger.pending_destinations.has_pending())
         rejected: List[RequestId] = []
@@ -756,7 +765,9 @@ class _Txn:
         )
 
     def compute_fpm(self, scheduled: Dict[RequestId, _Work], wall_time_secs: float) -> ForwardPassSnapshot:
-        """VLLM-19: the FPM snapshot (scheduled in scheduling order; upstream iterates a hash map)."""
+        """VLLM-19: the FPM snapshot (scheduled in scheduling order; upstream iterates a hash map).
+
+        The waiting scans iterate the deque, so a revived stale entry counts twice (VLLM-Q8)."""
         works = list(scheduled.values())
         prefills = [(w.prompt_len, w.prefix_tokens, w.total_tokens) for w in works if w.prompt_tokens > 0]
         decodes = [w.sequence_len for w in works if w.prompt_tokens == 0]
