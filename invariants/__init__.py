@@ -48,8 +48,9 @@ class InvariantViolation(ModelError):
 
 
 from . import handoff as _handoff  # noqa: E402
+from . import vllm_core as _vllm_core  # noqa: E402
 
-_MODULES = (_handoff,)
+_MODULES = (_handoff, _vllm_core)
 
 #: every registered invariant
 REGISTRY: Tuple[Invariant, ...] = tuple(inv for mod in _MODULES for inv in mod.INVARIANTS)

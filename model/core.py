@@ -1,4 +1,4 @@
-"""The engine-core interface shared by the vLLM/TRT-LLM and SGLang cores (spec/core-commands.md).
+"""The engine-core interface shared by the vLLM/TRT-LLM and SGLang cores (spec/core-commands.md, CORE-1).
 
 A core is a frozen value.  Every operation is a pure function returning the new
 core and what the operation produced:
@@ -27,7 +27,7 @@ from .protocol import AdmissionEvent, Command, CommandEffects, CommandResult, Li
 
 @attrs.frozen
 class MockerMetrics:
-    """CORE-METRICS: the scheduler metrics taken at the end of every pass."""
+    """CORE-4: the scheduler metrics taken at the end of every pass."""
 
     dp_rank: int
     active_decode_blocks: int
@@ -41,7 +41,7 @@ class MockerMetrics:
 
     @classmethod
     def from_parts(cls, dp_rank, active, total, running, waiting, preemptions=0, hit=0, cache_total=0):
-        """CORE-METRICS: ``gpu_cache_usage_perc = active / total`` (0 when total is 0)
+        """CORE-4: ``gpu_cache_usage_perc = active / total`` (0 when total is 0)
         (lib/mocker/src/scheduler/vllm/live.rs:36-62)."""
         perc = 0.0 if total == 0 else float(active) / float(total)
         return cls(dp_rank, active, total, perc, running, waiting, preemptions, hit, cache_total)
@@ -49,7 +49,7 @@ class MockerMetrics:
 
 @attrs.frozen
 class PassResult:
-    """CORE-PASS: what one scheduling pass produced.
+    """CORE-3: what one scheduling pass produced.
 
     ``token_ms`` is the timestamp every token of the pass is stamped with (and
     admissions are stamped ``now_ms``), so a driver can feed its collector.
@@ -72,14 +72,14 @@ class PassResult:
 
 @attrs.frozen
 class RetryEffects:
-    """CORE-RETRY: the lifecycle and KV events of one standalone retry."""
+    """CORE-5: the lifecycle and KV events of one standalone retry."""
 
     lifecycle_events: Tuple[LifecycleEvent, ...] = ()
     kv_events: Tuple[object, ...] = ()
 
 
 def new_core(args: EngineArgs, *, dp_rank: int = 0, capture_kv_events: bool = False):
-    """CORE-NEW: build an empty core for ``args`` (vLLM and TRT-LLM share the vLLM core)."""
+    """CORE-2: build an empty core for ``args`` (vLLM and TRT-LLM share the vLLM core)."""
     if args.engine_type in (EngineType.VLLM, EngineType.TRTLLM):
         from .vllm_core import new_vllm_core
 
@@ -108,7 +108,7 @@ def execute_pass(core, now_ms: float):
 
 
 def execute_hidden_pass(core, now_ms: float):
-    """CORE-PASS: identical scheduling and timing; only a driver's collector differs."""
+    """CORE-3: identical scheduling and timing; only a driver's collector differs."""
     return _impl(core).execute_pass(core, now_ms)
 
 

@@ -55,9 +55,9 @@ class InternalInvariantBroken(ModelError):
 
 
 class RequestAlreadyActive(CommandRejected):
-    """CORE-ID-1: the request id is already owned by the core in some role."""
+    """CMD-1: the request id is already owned by the core in some role."""
 
-    rule = "CORE-ID-1"
+    rule = "CMD-1"
 
 
 class SourceRequestActive(CommandRejected):

@@ -29,7 +29,7 @@ class DirectRequest:
 
     ``uuid`` may be ``None``: upstream then draws a random v4 UUID.  The model
     has no randomness, so a core rejects a ``None`` uuid (callers assign ids);
-    see CORE-ID-2 in the core specs.
+    see CMD-1.
     """
 
     tokens: Tuple[int, ...] = attrs.field(converter=_tokens)

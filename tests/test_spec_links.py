@@ -15,6 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SPEC_AREAS = {
     "handoff-lifecycle.md": ("ID", "PROTO", "CHAN", "SRC", "DST", "ACT", "PEND", "LEDGER", "ADM", "FPM"),
+    "core-commands.md": ("CORE", "CMD", "RETRY"),
     "engine-args.md": ("ARGS",),
     "timing.md": ("TIME",),
     "replay.md": ("WL", "REP"),
