@@ -137,7 +137,7 @@ def test_destination_cancellation_retries_the_blocked_fifo_head(engine):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_blocked_destination_head_prevents_fresh_kv_admission_without_spinning(engine):
-    """mod.rs:761-867.  VLLM-12, VLLM-21, VLLM-24, VLLM-25, VLLM-Q3, CMD-7, CMD-8, RETRY-2.
+    """mod.rs:761-867.  VLLM-11, VLLM-18, VLLM-21, VLLM-24, VLLM-25, VLLM-Q3, CMD-7, CMD-8, RETRY-3.
 
     While a destination is pending, a fresh request is not admitted and the
     pass does no work (``end_ms == now_ms``); an activated (prebuilt) request
@@ -222,7 +222,7 @@ def test_unchanged_capacity_generation_does_not_reprobe_pending_destination(engi
 
 
 def test_vllm_prebuilt_waiting_request_runs_before_blocked_pending_destination():
-    """mod.rs:941-1020 (vLLM only upstream).  VLLM-12, VLLM-21, VGEN-1, RETRY-1.
+    """mod.rs:941-1020 (vLLM only upstream).  VLLM-11, VLLM-21, VLLM-23, VGEN-1, VLLM-Q3, RETRY-1.
 
     An activated request queued behind a fresh one is admitted first while a
     destination is pending (prefer-materialized); the fresh request is not.

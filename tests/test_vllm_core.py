@@ -235,7 +235,7 @@ def request_blocks(core: Core, uuid):
 
 
 def test_productive_zero_duration_live_pass_continues_without_external_wake():
-    """tests.rs:279-309 (core half).  VLLM-16, VLLM-18.
+    """tests.rs:279-309 (core half).  VLLM-14, VLLM-16, VLLM-18.
 
     Upstream checks that the live loop re-runs after a productive pass without
     an external wake (live-loop behaviour, not modelled).  The core half: on a
@@ -263,7 +263,7 @@ def test_productive_zero_duration_live_pass_continues_without_external_wake():
 
 
 def test_destination_lifecycle_is_counted_once_as_queued_decode():
-    """tests.rs:311-391.  VLLM-19, VLLM-25, VLLM-21, CMD-6, CMD-8.
+    """tests.rs:311-391.  VLLM-19, VLLM-25, VLLM-21, VLLM-20, CMD-6, CMD-8.
 
     A destination counts once as a queued decode (and as waiting in the
     metrics) in each stage: reserved, pending, activated-but-waiting; never as
@@ -336,7 +336,7 @@ def test_destination_transfer_footprint_excludes_decode_headroom():
 
 
 def test_handoff_prefill_to_reserved_decode_owns_kv_until_normal_admission():
-    """tests.rs:422-566.  VLLM-20, VLLM-21, VLLM-12, RETRY-2, VGEN-1, VGEN-2, CMD-4, CMD-6, CMD-7.
+    """tests.rs:422-566.  VLLM-20, VLLM-21, VLLM-26, VLLM-11, VLLM-10, RETRY-2, VGEN-1, VGEN-2, CMD-4, CMD-6, CMD-7.
 
     Source and destination cores.  The reservation waits while the running slot
     is taken (the vLLM slot gate); it is made by the retry after the blocker
@@ -497,7 +497,7 @@ def test_trtllm_destination_reservation_fails_without_acquiring_kv():
 
 
 def test_unified_pass_keeps_partial_prefill_in_running():
-    """tests.rs:741-804.  VLLM-5, VLLM-7, VLLM-8, VLLM-11, VLLM-12, VLLM-16.
+    """tests.rs:741-804.  VLLM-4, VLLM-5, VLLM-6, VLLM-7, VLLM-10, VLLM-11, VLLM-12, VLLM-16.
 
     Budget 12: r1 takes 8 (whole prompt, emits its first token), r2 gets the
     remaining 4 as a chunk and stays Running (chunked prefill lives in
@@ -531,7 +531,7 @@ def test_unified_pass_keeps_partial_prefill_in_running():
 
 
 def test_running_requests_consume_budget_before_waiting():
-    """tests.rs:806-848.  VLLM-5, VLLM-12: with budget 4, r1's running continuation takes the
+    """tests.rs:806-848.  VLLM-5, VLLM-6, VLLM-12: with budget 4, r1's running continuation takes the
     whole budget in pass 2, so the waiting r2 computes nothing."""
     core = Core(
         args(
@@ -554,7 +554,7 @@ def test_running_requests_consume_budget_before_waiting():
 
 
 def test_execute_pass_batches_two_ready_requests_together():
-    """tests.rs:850-909.  VLLM-11, VLLM-16, VLLM-18: both are admitted at the pass start and their
+    """tests.rs:850-909.  VLLM-10, VLLM-9, VLLM-14, VLLM-18: both are admitted at the pass start and their
     first tokens share the pass's token time."""
     core = Core(
         args(
@@ -651,7 +651,7 @@ def test_preemption_requeues_newest_running_request():
 
 
 def test_waiting_full_isl_gate_blocks_without_preemption_then_admits():
-    """tests.rs:1022-1108.  VLLM-12, VLLM-13 (full-ISL gate): the 3-block head waits behind the
+    """tests.rs:1022-1108.  VLLM-11, VLLM-12, VLLM-13 (full-ISL gate): the 3-block head waits behind the
     4-of-6-block holder (2 free); the 1-block follower must not skip it; no preemption."""
     core = Core(
         args(
@@ -685,7 +685,7 @@ def test_waiting_full_isl_gate_blocks_without_preemption_then_admits():
 
 
 def test_fresh_request_larger_than_pool_is_rejected_and_follower_runs():
-    """tests.rs:1110-1150.  VLLM-13, VLLM-17, VLLM-18: 20 tokens need 5 > 4 blocks -> rejected
+    """tests.rs:1110-1150.  VLLM-12, VLLM-13, VLLM-17, VLLM-18: 20 tokens need 5 > 4 blocks -> rejected
     (terminal ``completed and rejected``), the follower is admitted in the same pass."""
     core = Core(
         args(
@@ -710,7 +710,7 @@ def test_fresh_request_larger_than_pool_is_rejected_and_follower_runs():
 
 
 def test_running_request_catches_up_decode_tail_before_promote():
-    """tests.rs:1152-1209.  VLLM-7, VLLM-8, VLLM-14, VLLM-16.
+    """tests.rs:1152-1209.  VLLM-6, VLLM-7, VLLM-14, VLLM-16.
 
     A running request (6-token prompt, 6 generated, only the prompt's 2 blocks
     re-allocated, 9 tokens computed) owes 3 tokens: the pass allocates block 2
@@ -810,7 +810,7 @@ def test_completion_events_apply_cleanly():
 
 
 def test_preemption_recompute_events_apply_cleanly():
-    """tests.rs:1397-1467.  VLLM-15, VLLM-12: r2 is preempted (LIFO), waits at the front, and is
+    """tests.rs:1397-1467.  VLLM-15, VLLM-11: r2 is preempted (LIFO), waits at the front, and is
     re-admitted for recompute; its events stay clean throughout."""
     index = RouterIndex()
     core = Core(
@@ -891,7 +891,7 @@ def _drain(core: Core, max_passes: int, index=None, arrivals=None):
     ids=[f"case_{i}" for i in range(1, 9)],
 )
 def test_scheduler_token_generation_patterns(use_shared_tokens, enable_prefix_caching, enable_chunked_prefill):
-    """tests.rs:1562-1633 (scaled-down pure-core port).  VLLM-15, VLLM-23, VLLM-25.
+    """tests.rs:1562-1633 (scaled-down pure-core port).  VLLM-15, VLLM-16, VLLM-23, VLLM-25.
 
     Upstream: 200 random requests of 1000 tokens x 100 outputs on 500 blocks of
     64, through the live scheduler.  Here: 24 requests of 100 tokens x 10
@@ -931,7 +931,7 @@ def test_scheduler_token_generation_patterns(use_shared_tokens, enable_prefix_ca
 
 
 def test_cache_hit_rate_with_identical_requests():
-    """tests.rs:1669-1733 (pure-core port).  VLLM-7, VLLM-11, VLLM-25.
+    """tests.rs:1669-1733 (pure-core port).  VLLM-6, VLLM-10, VLLM-25.
 
     10 identical 65-token requests arriving 100 ms apart, 10 outputs each: every
     token arrives and the worker ends idle (upstream's assertions).  Derived by
@@ -1105,7 +1105,7 @@ def test_fpm_var_prefill_length_with_multiple_requests():
 
 
 def test_fpm_chunked_prefill_reports_chunk_not_full_prompt():
-    """tests.rs:2168-2233.  VLLM-19, VLLM-7: a 16-token prompt in two 8-token chunks."""
+    """tests.rs:2168-2233.  VLLM-19, VLLM-6, VLLM-9: a 16-token prompt in two 8-token chunks."""
     core = Core(fpm_args(max_num_batched_tokens=8))
     core.receive(request(u(1), range(0, 16), 2))
     fpm1 = core.execute(0.0).fpm
@@ -1121,7 +1121,7 @@ def test_fpm_chunked_prefill_reports_chunk_not_full_prompt():
 
 
 def test_fpm_preemption_creates_queued_decode():
-    """tests.rs:2235-2299.  VLLM-19, VLLM-15.
+    """tests.rs:2235-2299.  VLLM-19, VLLM-15, VLLM-16.
 
     Upstream's assertions are conditional.  Derived by hand: after 3 passes r1
     holds 2 blocks (4 + 3 tokens); r2 (16 tokens, 4 blocks) fits the 4 free
@@ -1157,3 +1157,190 @@ def test_fpm_sent_through_sink():
     assert fpm.num_prefill_requests == 1
     assert fpm.sum_prefill_tokens > 0
     assert fpm.wall_time_secs > 0.0
+
+
+# =============================================================================================
+# Rule tests: rules and reproduced quirks that no upstream test isolates (expected values derived
+# by hand in each docstring)
+# =============================================================================================
+
+
+def test_new_core_state_request_keys_and_construction():
+    """VLLM-1, VLLM-3: an empty core; request keys come from the ids (the UUID's integer, else
+    XXH3-128 of the id); vLLM keeps ``max_output_tokens``; an empty prompt is vacuously prebuilt;
+    the vLLM core refuses an SGLang engine type."""
+    import xxhash
+
+    from model import vllm_core as vc
+    from model.errors import InternalInvariantBroken
+
+    core = Core(make_args())
+    v = core.value
+    assert (v.requests, tuple(v.waiting), tuple(v.running), v.preemptions_total) == (pmap(), (), (), 0)
+    assert v.ledger.capacity_generation == 0 and v.destination_reservation_attempts == 0
+    assert vc.request_key(rid(u(5))) == 5
+    assert vc.request_key(rid("abc")) == xxhash.xxh3_128_intdigest(b"abc")
+    core.receive(request(u(5), range(0, 6), 1000))
+    req = core.req(u(5))
+    assert req.sequence.request_key == 5
+    assert req.sequence.max_output_tokens == 1000  # no clamp under vLLM (TRT-1 is TRT-LLM only)
+    assert (req.status, req.num_computed_tokens, req.num_preemptions) == (RequestStatus.WAITING, 0, 0)
+    assert core.waiting == [u(5)]
+    empty = VllmRequest(rid("e"), seqm.new_sequence(7, (), 1, block_size=4), RequestStatus.WAITING)
+    assert empty.prompt_is_prebuilt()
+    with pytest.raises(InternalInvariantBroken):
+        vc.new_vllm_core(args(engine_type="sglang"))
+
+
+def _fifo_lifo_scenario(mode):
+    """Pass 0 seeds a cached block (S); pass 1 admits A (4 tokens), B (a 4-token chunk of 16) and,
+    with the budget spent, the fully cached D (VLLM-Q7).  5 of 6 blocks are then held (A 2, B 1,
+    D 2).  In pass 2, B's next chunk (7 tokens, 2 new blocks) gets 1 block and preemption runs."""
+    core = Core(
+        args(
+            block_size=4,
+            num_gpu_blocks=6,
+            max_num_batched_tokens=8,
+            max_num_seqs=4,
+            enable_prefix_caching=True,
+            preemption_mode=mode,
+            speedup_ratio=0.0,
+        )
+    )
+    core.receive(request("S", range(500, 504), 1))
+    core.execute(0.0)
+    for name, tokens, max_out in [("A", range(0, 4), 50), ("B", range(100, 116), 5), ("D", range(500, 504), 5)]:
+        core.receive(request(name, tokens, max_out))
+    first = core.execute(1.0)
+    assert [(a.uuid.value, a.reused_input_tokens) for a in first.admissions] == [("A", 0), ("B", 0), ("D", 4)]
+    assert [s.uuid.value for s in first.output_signals] == ["A", "D"]
+    assert core.running == ["A", "B", "D"] and core.num_active_blocks() == 5
+    return core, core.execute(2.0)
+
+
+def test_fifo_preemption_skips_the_request_after_the_current_one():
+    """VLLM-Q1, VLLM-8, VLLM-5.  FIFO pops A (index 0, already scheduled: its work and budget are
+    undone); B slides to index 0 and succeeds; ``i += 1`` then skips D, which slid into index 1:
+    D gets no work and no token although one budget token is left.  The snapshot holds B only."""
+    core, p = _fifo_lifo_scenario("fifo")
+    assert p.output_signals == ()
+    assert core.running == ["B", "D"] and core.waiting == ["A"]
+    assert core.req("A").status is RequestStatus.PREEMPTED
+    assert (core.req("D").num_computed_tokens, len(core.req("D").sequence)) == (4, 5)
+    assert core.req("B").num_computed_tokens == 11
+    assert (p.fpm.num_prefill_requests, p.fpm.num_decode_requests) == (1, 0)
+    assert p.metrics.vllm_preemptions_total == 1
+
+
+def test_lifo_preemption_victim_is_the_unscheduled_back():
+    """VLLM-8, VLLM-15 (contrast with VLLM-Q1).  LIFO pops D from the back (not yet scheduled, so
+    nothing is undone); A keeps its decode token and emits; B gets its chunk; D waits at the
+    front; no admission follows a scheduling-phase preemption."""
+    core, p = _fifo_lifo_scenario("lifo")
+    assert [s.uuid.value for s in p.output_signals] == ["A"]
+    assert core.running == ["A", "B"] and core.waiting == ["D"]
+    assert core.req("D").status is RequestStatus.PREEMPTED
+    assert (p.fpm.num_prefill_requests, p.fpm.num_decode_requests) == (1, 1)
+    assert p.admissions == ()
+
+
+def test_zero_budget_admission_rejects_then_admits_a_fully_cached_prompt():
+    """VLLM-Q7, VLLM-12, VLLM-18.  A takes the whole 4-token budget; the waiting loop goes on:
+    the oversized O (28 tokens = 7 > 6 blocks) is rejected, and D, whose 4-token prompt is one
+    cached block, is admitted with ``used = 0`` and emits in the same pass.  Only A's prompt
+    enters the prefill batch; the rejection signal comes last."""
+    core = Core(
+        args(block_size=4, num_gpu_blocks=6, max_num_batched_tokens=4, max_num_seqs=4,
+             enable_prefix_caching=True, speedup_ratio=0.0)
+    )
+    core.receive(request("S", range(500, 504), 1))
+    core.execute(0.0)
+    core.receive(request("A", range(0, 4), 3))
+    core.receive(request("O", range(1000, 1028), 1))
+    core.receive(request("D", range(500, 504), 2))
+    p = core.execute(1.0)
+    assert [(a.uuid.value, a.reused_input_tokens) for a in p.admissions] == [("A", 0), ("D", 4)]
+    assert [(s.uuid.value, s.rejected) for s in p.output_signals] == [("A", False), ("D", False), ("O", True)]
+    assert (p.fpm.num_prefill_requests, p.fpm.sum_prefill_tokens, p.fpm.num_decode_requests) == (1, 4, 1)
+
+
+def test_resubmitted_id_revives_its_stale_waiting_entry():
+    """VLLM-Q8, VLLM-2, VLLM-19.  One running slot (X).  p (a registered source) and Y wait;
+    cancelling p's source drops it but leaves its deque entry; submitting p again appends a second
+    entry.  The old entry is live again: the snapshot counts three queued prefills for two waiting
+    requests, and p is admitted before Y."""
+    core = Core(args(block_size=4, num_gpu_blocks=16, max_num_seqs=1, speedup_ratio=0.0))
+    core.receive(request("X", range(0, 4), 5))
+    core.execute(0.0)
+    core.submit_prefill("h", request("p", range(10, 14), 2))
+    core.receive(request("Y", range(20, 24), 2))
+    assert core.cancel_source("h") == APPLIED
+    core.receive(request("p", range(30, 34), 2))
+    assert [x.value for x in core.value.waiting] == ["p", "Y", "p"]
+    p = core.execute(1.0)
+    assert (p.fpm.num_queued_prefill, p.metrics.waiting_requests) == (3, 2)
+    order = []
+    now = 2.0
+    while len(order) < 2:
+        order += admitted(core.execute(now))
+        now += 1.0
+    assert order == ["p", "Y"]
+
+
+def test_zero_max_output_tokens_never_completes():
+    """VLLM-Q4, VLLM-14.  The prompt is computed in pass 1; the request is then never ready: no
+    token, no completion, and later passes do no timed work (``end == now``)."""
+    core = Core(make_args())
+    core.receive(request("z", range(0, 4), 0))
+    first = core.execute(0.0)
+    assert first.output_signals == () and first.end_ms > 0.0
+    for now in (10.0, 11.0, 12.0):
+        p = core.execute(now)
+        assert p.output_signals == () and p.end_ms == now
+    assert core.req("z").num_computed_tokens == 4 and not core.is_empty()
+
+
+def test_final_token_allocation_can_preempt_the_request_itself():
+    """VLLM-Q6, VLLM-16, VLLM-15.  One block of 4: the 4-token prompt fills it; the only (final)
+    token starts a new block (L = 5), its Use fails before the cleanup could free anything, and
+    LIFO preempts the request itself: no token, one preemption, the request back at the front."""
+    core = Core(args(block_size=4, num_gpu_blocks=1, max_num_batched_tokens=8, max_num_seqs=1,
+                     enable_prefix_caching=False, speedup_ratio=0.0))
+    core.receive(request("f", range(0, 4), 1))
+    p = core.execute(0.0)
+    assert p.output_signals == ()
+    assert p.metrics.vllm_preemptions_total == 1
+    assert core.waiting == ["f"] and core.req("f").status is RequestStatus.PREEMPTED
+    assert core.num_active_blocks() == 0
+
+
+def test_trtllm_failed_allocation_keeps_partial_blocks_without_preempting():
+    """VLLM-Q2, TRT-3, VLLM-8, VLLM-9.  A state built directly (as upstream's
+    test_running_request_catches_up_decode_tail_before_promote does): TRT-LLM, 4 blocks of 4,
+    prefix caching on; block [500..503] is cached (inactive) and the 3 other slots are held by a
+    foreign allocation.  Running X (prompt 500..507, nothing computed) re-activates the cached
+    block but gets no slot for its second: no preemption (TRT-3), ``actual = 4 = E`` so
+    ``used = 0`` and the request is Blocked, keeping the re-activated block, which the cost model
+    now counts as an *active* cached prefix."""
+    core = Core(args(engine_type="trtllm", block_size=4, num_gpu_blocks=4, max_num_batched_tokens=16,
+                     max_num_seqs=4, enable_prefix_caching=True, speedup_ratio=0.0))
+    core.receive(request("S", range(500, 504), 1))
+    core.execute(0.0)
+    assert core.is_empty() and kvm.num_inactive_blocks(core.value.kv) == 1
+    kv = core.value.kv
+    foreign = seqm.new_sequence(999, tuple(range(2000, 2012)), 1, block_size=4)
+    _, use = seqm.take_creation_signal(foreign)
+    kv, res = kvm.process(kv, use)
+    assert res.count == 3
+    seq = seqm.new_sequence(4242, tuple(range(500, 508)), 4, block_size=4)
+    r = rid("X")
+    state = VllmRequest(r, seq, RequestStatus.RUNNING)
+    core.value = attrs.evolve(core.value, kv=kv, requests=pmap({r: state}), running=pvector([r]),
+                              running_members=pset([r]))
+    p = core.execute(1.0)
+    x = core.req("X")
+    assert p.output_signals == () and p.metrics.vllm_preemptions_total == 0
+    assert (x.num_computed_tokens, x.sequence.num_allocated_tokens) == (4, 4)
+    assert core.num_active_blocks() == 4
+    assert kvm.get_prefill_cost(core.value.kv, x.sequence).active_cached_tokens == 4
+    assert (p.fpm.num_prefill_requests, p.fpm.num_decode_requests) == (0, 0)
