@@ -218,7 +218,12 @@ class _LineageTxn:
         return True
 
     def evict_one(self) -> Optional[Plh]:
-        """KV-16: remove and return the Real leaf with the smallest tick."""
+        """KV-16: remove and return the Real leaf with the smallest tick.
+
+        Its consequences need no code of their own: in practice the least recently
+        released chain's deepest block goes first (KV-18), and with prefix caching off
+        every block is a leaf, so eviction is first-released-first-evicted (KV-19).
+        """
         leaves = self.leaves
         heap = self.heap
         while heap is not None:

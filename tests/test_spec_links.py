@@ -17,6 +17,8 @@ SPEC_AREAS = {
     "handoff-lifecycle.md": ("ID", "PROTO", "CHAN", "SRC", "DST", "ACT", "PEND", "LEDGER", "ADM", "FPM"),
     "core-commands.md": ("CORE", "CMD", "RETRY"),
     "engine-args.md": ("ARGS",),
+    "vllm-core.md": ("VLLM", "TRT", "VGEN"),
+    "kv-vllm.md": ("HASH", "SEQ", "KV"),
     "timing.md": ("TIME",),
     "replay.md": ("WL", "REP"),
 }
