@@ -129,6 +129,7 @@ def test_promote_uses_previous_full_block_as_parent():
 
 
 def test_reset_with_signal_frees_blocks_and_resets_allocation():
+    # rules: SEQ-9 (free signals) and SEQ-10
     # Rule: SEQ-10
     seq, _ = new_with_signal(list(range(15)), 100, 16)
     seq, _ = push(seq, 15)
@@ -316,6 +317,7 @@ def test_guards():
     steps=st.lists(st.sampled_from(["gen", "pop", "reset"]), max_size=30),
 )
 def test_structure_invariants(prompt_len, bs, steps):
+    # rules: SEQ-12
     # Rule: SEQ-1
     seq = new_sequence(9, list(range(prompt_len)), 40, bs)
     for step in steps:

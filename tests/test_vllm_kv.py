@@ -121,6 +121,7 @@ def run(s, signals):
 
 
 def test_use_single_full_block():
+    # rules: KV-7
     # Rule: KV-6
     s = make_mgr(10, 16)
     s, n = use_full(s, 1, plh(100))
@@ -152,6 +153,7 @@ def test_use_rejects_short_token_ids_before_mutating_state():
 
 
 def test_duplicate_use_bumps_refcount():
+    # rules: KV-3
     # Rule: KV-6, KV-2
     s = make_mgr(10, 16)
     s, _ = use_full(s, 1, plh(100))
@@ -409,6 +411,7 @@ def test_destination_activation_collision_reuses_canonical_block_and_offload_met
 
 
 def test_destination_transfer_footprint_uses_missing_physical_blocks():
+    # rules: KV-23, KV-25 (cancel drops the prefix handles, then the slots)
     # Rule: KV-23
     s = make_mgr(16, 4, capture=True)
     cold = new_sequence(1, range(10), 1, 4, True, True)
@@ -465,6 +468,7 @@ def test_destination_activation_validates_layout_before_committing_blocks():
 
 
 def test_stored_suffix_anchors_to_last_reused_block():
+    # rules: KV-8
     # Rule: KV-21
     s = make_mgr(8, 16, capture=True)
     s, _ = process(s, Use((FullBlock(10), FullBlock(11)), (), (plh(10), plh(11))))
@@ -561,6 +565,7 @@ def lineage_remove(idx, p):
 
 
 def test_leaf_insertion():
+    # rules: KV-13
     # Rule: KV-14, KV-16
     (h1,) = create_chain(1, 1)
     idx = lineage_insert(LineageIndex(), [h1])
@@ -789,6 +794,7 @@ def test_promote_stored_event_payload():
 
 
 def test_eviction_prefers_generated_tail_over_shared_prompt():
+    # rules: KV-18
     # Rule: KV-16 (release order makes the request tail the oldest leaf)
     s = make_mgr(6, 2)
     a = new_sequence(1, [1, 2, 3, 4], 3, 2)
@@ -922,6 +928,7 @@ def _model_sequential(reqs, bs, n, caching):
 @pytest.mark.reference
 @pytest.mark.parametrize("name,bs,n,caching,reqs", REF_SCENARIOS, ids=[s[0] for s in REF_SCENARIOS])
 def test_reference_cached_prefix_matches_compiled_mocker(tmp_path, name, bs, n, caching, reqs):
+    # rules: KV-18, KV-19 (the prefix-caching-off scenario)
     # Rule: KV-11, KV-12, KV-16 -- the cached prefix each request finds (and so its
     # first-token time) depends on which blocks earlier requests left cached.
     import json
