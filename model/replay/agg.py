@@ -1,0 +1,158 @@
+"""The multi-worker aggregated runtime (spec/replay.md DRV-12..DRV-16).
+
+Upstream ``AggRuntime`` (lib/mocker/src/replay/offline/agg.rs) in round-robin
+mode: an event heap of worker completions, one drain loop per timestamp.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from model.engine_args import EngineArgs
+from model.report import TerminalStatus, TraceCollector
+from model.workload import ReplayRequest
+
+from .admission import Admission, record_visible_pass, to_direct
+from .common import WORKER_COMPLETION, EventHeap, Pool, ReplayDeadEnd
+from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
+
+
+class _AggRun:
+    """Local scratch of one aggregated run (never escapes :func:`run_agg`)."""
+
+    def __init__(self, args, num_workers, requests, concurrency, collector, on_progress):
+        self.now = 0.0
+        self.next_worker_idx = 0
+        self.pool = Pool("aggregated", args, num_workers, visible=True)
+        self.events = EventHeap()
+        self.adm = Admission(requests, concurrency)
+        self.col = collector.set_gpus_per_worker(0, args.aic_gpus_per_worker())
+        self.on_progress = on_progress
+        self.done_count = 0
+        self.detector = CycleDetector()
+
+    # -- DRV-13: routing and arrivals ------------------------------------------------------
+
+    def next_worker(self) -> int:
+        active = self.pool.active_ids()
+        i = self.next_worker_idx % len(active)
+        self.next_worker_idx = i + 1
+        return active[i]
+
+    def release_ready_arrivals(self) -> bool:
+        released = False
+        for req, arrival in self.adm.drain_ready(self.now, self.pool.in_flight()):
+            self.col = self.col.on_arrival(req.uuid, arrival, len(req.tokens), req.max_output_tokens)
+            w = self.next_worker()
+            self.pool.workers[w].receive(to_direct(req, arrival))
+            self.col = self.col.on_decode_assigned(req.uuid, w)
+            released = True
+        return released
+
+    # -- DRV-14: completions -----------------------------------------------------------------
+
+    def process_completed_pass(self, result) -> None:
+        for s in result.output_signals:
+            if s.completed:
+                status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
+                self.col = self.col.on_terminal(s.uuid.value, status)
+                self.done_count += 1
+                if self.on_progress is not None:
+                    self.on_progress(self.done_count, self.adm.total)
+
+    def apply_worker_completions(self) -> bool:
+        changed = False
+        while True:
+            payload = self.events.pop_ready(WORKER_COMPLETION, self.now)
+            if payload is None:
+                return changed
+            idx, result = payload
+            self.pool.on_scheduled_completion(idx, result.completed_requests)
+            self.process_completed_pass(result)
+            changed = True
+
+    # -- DRV-6: driving workers ---------------------------------------------------------------
+
+    def drive_ready_workers(self) -> bool:
+        changed = False
+        self.detector.reset()
+        while True:
+            eff = self.pool.drive_ready(self.now)
+            if eff is None:
+                return changed
+            changed = True
+            res = eff.result
+            self.col = record_visible_pass(self.col, res)
+            if eff.immediate:
+                self.pool.on_scheduled_completion(eff.worker_idx, res.completed_requests)
+                self.process_completed_pass(res)
+                # LIVE-1: a quiet zero-duration pass changes nothing but the pool's cores
+                if not res.output_signals and res.completed_requests == 0:
+                    cycle = self.detector.observe(
+                        lambda: tuple((canonical_state(w.core), w.busy) for w in self.pool.workers),
+                        [a.uuid.value for a in res.admissions],
+                    )
+                    if cycle is not None:
+                        w = self.pool.workers[eff.worker_idx]
+                        raise ReplayLivelock(
+                            diagnose("agg", "aggregated", w.idx, self.now, w.core, cycle, self.detector.admitted)
+                        )
+                else:
+                    self.detector.reset()
+            else:
+                self.events.push(res.end_ms, WORKER_COMPLETION, (eff.worker_idx, res))
+                self.detector.reset()
+
+    def drain_current_timestamp(self) -> None:
+        """DRV-12: completions, arrivals, then passes, until nothing changes."""
+        while True:
+            changed = self.apply_worker_completions()
+            changed |= self.release_ready_arrivals()
+            changed |= self.drive_ready_workers()
+            if not changed:
+                return
+
+    # -- DRV-15: the clock -------------------------------------------------------------------
+
+    def is_done(self) -> bool:
+        return self.events.is_empty() and self.pool.in_flight() == 0 and self.adm.is_drained() and self.pool.is_drained()
+
+    def next_timestamp(self) -> Optional[float]:
+        a = self.adm.next_ready_time_ms()
+        e = self.events.next_ms()
+        if a is None:
+            return e
+        if e is None:
+            return a
+        return min(a, e)
+
+    def advance_now(self, new_now: float) -> None:
+        dt = max(new_now - self.now, 0.0)
+        if dt > 0.0:
+            self.col = self.col.add_worker_seconds(0.0, float(len(self.pool.workers)) * dt / 1000.0)
+        self.now = new_now
+
+    def run(self) -> TraceCollector:
+        self.drain_current_timestamp()
+        while not self.is_done():
+            nxt = self.next_timestamp()
+            if nxt is None:
+                n = self.pool.in_flight()
+                raise ReplayDeadEnd(
+                    f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-16"
+                )
+            self.advance_now(nxt)
+            self.drain_current_timestamp()
+        return self.col
+
+
+def run_agg(
+    args: EngineArgs,
+    num_workers: int,
+    requests: Sequence[ReplayRequest],
+    concurrency: Optional[int],
+    collector: TraceCollector,
+    on_progress: Optional[Callable[[int, int], None]] = None,
+) -> TraceCollector:
+    """DRV-12: replay ``requests`` on ``num_workers`` aggregated workers, round-robin at arrival."""
+    return _AggRun(args, num_workers, requests, concurrency, collector, on_progress).run()

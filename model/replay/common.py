@@ -1,0 +1,241 @@
+"""Pieces shared by the replay drivers: the event heap, worker bookkeeping, pools, errors.
+
+The drivers keep these in local mutable scratch inside one call of a pure
+``run_*`` function; nothing here escapes a run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import attrs
+
+from model import core as C
+from model.errors import ModelError
+from model.protocol import Command
+
+__all__ = [
+    "ReplayError",
+    "ReplayDeadEnd",
+    "EventHeap",
+    "Worker",
+    "Pool",
+    "made_progress",
+    "PassEffects",
+]
+
+
+class ReplayError(ModelError):
+    """A replay stopped with an error that upstream reports with ``bail!``."""
+
+
+class ReplayDeadEnd(ReplayError):
+    """DRV-8 / DIS-12: nothing left to do while requests are still in flight.
+
+    ``message`` is upstream's text; ``in_flight`` its count.
+    """
+
+    def __init__(self, message: str, in_flight: int, *, rule: str) -> None:
+        super().__init__(message, rule=rule)
+        self.in_flight = in_flight
+
+
+# ---------------------------------------------------------------------------------------------
+# DRV-3: the event heap
+# ---------------------------------------------------------------------------------------------
+
+#: event kinds (upstream ``SimulationEventKind``); planner ticks would sort last (rank 1)
+WORKER_COMPLETION = "worker_completion"
+TRANSFER_COMPLETE = "transfer_complete"
+
+
+class EventHeap:
+    """DRV-3: a min-heap on ``(at_ms, rank, seq_no)``; ``seq_no`` is a global push counter.
+
+    ``pop_ready(kind, now)`` pops only while the *top* event is of ``kind`` and
+    due exactly at ``now`` (a top event of another kind blocks it).
+    """
+
+    def __init__(self) -> None:
+        self._heap: List[Tuple[float, int, int, str, Any]] = []
+        self._seq = 0
+
+    def push(self, at_ms: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self._heap, (at_ms, 0, self._seq, kind, payload))
+        self._seq += 1
+
+    def peek(self) -> Optional[Tuple[float, str, Any]]:
+        if not self._heap:
+            return None
+        at, _, _, kind, payload = self._heap[0]
+        return at, kind, payload
+
+    def next_ms(self) -> Optional[float]:
+        return self._heap[0][0] if self._heap else None
+
+    def pop_ready(self, kind: str, now_ms: float) -> Optional[Any]:
+        if not self._heap:
+            return None
+        at, _, _, k, payload = self._heap[0]
+        if at != now_ms or k != kind:
+            return None
+        heapq.heappop(self._heap)
+        return payload
+
+    def pop(self) -> None:
+        heapq.heappop(self._heap)
+
+    def retain(self, keep: Callable[[str, Any], bool]) -> None:
+        self._heap = [e for e in self._heap if keep(e[3], e[4])]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def is_empty(self) -> bool:
+        return not self._heap
+
+
+# ---------------------------------------------------------------------------------------------
+# DRV-4: one worker of a pool
+# ---------------------------------------------------------------------------------------------
+
+
+class Worker:
+    """DRV-4: a core plus the driver's ``busy`` flag and ``in_flight`` count (upstream ``OfflineWorkerState``)."""
+
+    __slots__ = ("idx", "core", "busy", "in_flight")
+
+    def __init__(self, idx: int, core: Any) -> None:
+        self.idx = idx
+        self.core = core
+        self.busy = False
+        self.in_flight = 0
+
+    def is_ready(self) -> bool:
+        """DRV-4: idle and the core owns a request."""
+        return not self.busy and not C.is_empty(self.core)
+
+    def is_drained(self) -> bool:
+        return self.in_flight == 0 and not self.busy and C.is_drained(self.core)
+
+    def receive(self, request) -> None:
+        """DRV-4: ``Submit`` the request and count it in flight (upstream ``receive_request``)."""
+        from model.protocol import Submit
+
+        self.core, _ = C.apply_command(self.core, Submit(request))
+        self.in_flight += 1
+
+
+@attrs.frozen
+class PassEffects:
+    """DRV-6: what one ``drive_ready`` call produced (upstream ``EngineEffects``, one pass at most)."""
+
+    worker_idx: int
+    result: Any  # model.core.PassResult
+    immediate: bool  # zero-duration pass that counted as progress
+
+
+def made_progress(result) -> bool:
+    """DRV-6: a zero-duration pass counts as progress iff it admitted, emitted, completed,
+    produced lifecycle or KV events, or its FPM shows a scheduled request
+    (lib/mocker/src/replay/offline/components/engine.rs:284-296)."""
+    if result.admissions or result.completed_requests > 0 or result.output_signals:
+        return True
+    if result.lifecycle_events or result.kv_events:
+        return True
+    fpm = result.fpm
+    return fpm is not None and (fpm.num_prefill_requests > 0 or fpm.num_decode_requests > 0)
+
+
+class Pool:
+    """DRV-5: workers keyed by stable id 0..n-1 (upstream ``EngineComponent``, no scaling)."""
+
+    def __init__(self, stage: str, args, count: int, visible: bool) -> None:
+        self.stage = stage
+        self.args = args
+        self.visible = visible
+        self.workers: List[Worker] = [Worker(i, C.new_core(args)) for i in range(count)]
+
+    def active_ids(self) -> List[int]:
+        return [w.idx for w in self.workers]
+
+    def in_flight(self) -> int:
+        return sum(w.in_flight for w in self.workers)
+
+    def is_drained(self) -> bool:
+        return all(w.is_drained() for w in self.workers)
+
+    def drive_ready(self, now_ms: float, on_pass: Optional[Callable[[Worker, Any], None]] = None) -> Optional[PassEffects]:
+        """DRV-6: run one pass on the first ready worker (id order) that makes progress.
+
+        A pass ending after ``now`` marks the worker busy (the caller schedules
+        its completion); a zero-duration pass that made progress is returned as
+        an immediate completion; a zero-duration pass without progress is
+        dropped (its core changes are kept, as upstream mutates in place) and
+        the scan continues.  ``on_pass`` sees every executed pass (livelock
+        detection).
+        """
+        for w in self.workers:
+            if not w.is_ready():
+                continue
+            w.core, result = C.execute_pass(w.core, now_ms) if self.visible else C.execute_hidden_pass(w.core, now_ms)
+            if on_pass is not None:
+                on_pass(w, result)
+            if result.end_ms == now_ms:
+                if not made_progress(result):
+                    continue
+                return PassEffects(w.idx, result, True)
+            w.busy = True
+            return PassEffects(w.idx, result, False)
+        return None
+
+    def on_scheduled_completion(self, idx: int, completed_requests: int) -> Tuple[Any, ...]:
+        """DRV-7: mark idle, count completions, retry pending destinations; returns the retry's lifecycle events."""
+        w = self.workers[idx]
+        w.busy = False
+        if completed_requests > w.in_flight:
+            from model.errors import InternalInvariantBroken
+
+            raise InternalInvariantBroken("offline worker completed more requests than it owned", rule="DRV-7")
+        w.in_flight -= completed_requests
+        w.core, retry = C.retry_pending_destinations(w.core)
+        return tuple(retry.lifecycle_events)
+
+    def apply_command(self, idx: int, command: Command):
+        """DIS-9: ``apply_command_effects(command, allow = !busy)`` with upstream's in-flight accounting."""
+        from model.protocol import (
+            APPLIED,
+            CancelDestination,
+            CancelSource,
+            DestinationAccepted,
+            ReserveDestination,
+            Submit,
+            SubmitHandoffPrefill,
+            Submitted,
+        )
+
+        w = self.workers[idx]
+        before = C.num_requests(w.core)
+        w.core, effects = C.apply_command_effects(w.core, command, not w.busy)
+        res = effects.result
+        if isinstance(command, (Submit, SubmitHandoffPrefill)) and isinstance(res, Submitted):
+            w.in_flight += 1
+        elif isinstance(command, ReserveDestination) and isinstance(res, DestinationAccepted):
+            w.in_flight += 1
+        elif isinstance(command, CancelDestination) and res == APPLIED:
+            w.in_flight -= 1
+        elif isinstance(command, CancelSource) and res == APPLIED:
+            removed = before - C.num_requests(w.core)
+            if removed > 0:
+                w.in_flight -= removed
+        return effects
+
+
+def count_map(d: Dict[Any, int], key: Any, delta: int) -> None:
+    v = d.get(key, 0) + delta
+    if v:
+        d[key] = v
+    else:
+        d.pop(key, None)

@@ -1,0 +1,244 @@
+"""Livelock detection: a repeated state at constant simulated time (spec/replay.md LIVE-1..LIVE-5).
+
+Upstream treats a zero-duration pass with an admission as progress and loops
+again at the same ``now`` with no iteration limit, so some inputs spin forever
+(offline-replay notes §5; handoff-lifecycle S7).  The oracle must terminate:
+while a driver loops at one simulated time, it records a canonical form of the
+state that determines the loop's future; if a state repeats with nothing else
+changed in between, the loop is a cycle -- upstream would spin forever -- and
+the driver raises :class:`ReplayLivelock` with a diagnosis.
+
+Canonical form (LIVE-2).  Cores carry monotone counters that never repeat
+(the capacity generation, LRU ticks of the inactive block index, the
+preemption counter), so raw equality would never fire.  The canonical form
+keeps exactly what decides future behaviour:
+
+* the capacity generation only matters as "the pending head was already tried
+  at the current generation" -- it becomes 0 and the head's last attempt 0
+  (tried now) or None (due); the generation only grows, so an older attempt
+  behaves like None forever;
+* inactive-block ticks only matter through their order -- they become ranks;
+  the lazily cleaned heap and the next-tick counter are dropped;
+* ``preemptions_total`` and KV event ids only feed metrics and events.
+
+A core type may provide its own ``ops.canonical_state(core)``; the vLLM/TRT-LLM
+core is handled here; any other core is compared as is (sound, possibly never
+firing: then the step budget of LIVE-4 applies).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Hashable, List, Optional, Tuple
+
+import attrs
+
+from model.errors import ModelError
+
+__all__ = ["ReplayLivelock", "LivelockDiagnosis", "canonical_state", "CycleDetector"]
+
+
+@attrs.frozen
+class LivelockDiagnosis:
+    """LIVE-3: what repeats, where and when."""
+
+    runtime: str  # "single", "agg", "disagg"
+    stage: str  # "aggregated", "prefill", "decode"
+    worker_idx: int
+    now_ms: float
+    cycle_passes: int  # passes in one period of the cycle
+    proven: bool  # a repeated canonical state (False: step budget exhausted)
+    admitted: Tuple[str, ...]  # requests admitted by the repeating pass(es)
+    waiting: Tuple[str, ...]
+    running: Tuple[str, ...]
+    free_blocks: Optional[int]
+    total_blocks: Optional[int]
+    pending_handoffs: Tuple[str, ...]
+    reserved_handoffs: Tuple[str, ...]
+    active_handoffs: Tuple[str, ...]
+    other: Tuple[str, ...] = ()
+
+    def message(self) -> str:
+        kind = "livelock" if self.proven else "suspected livelock"
+        lines = [
+            f"{kind}: {self.stage} worker {self.worker_idx} repeats the same zero-duration pass at "
+            f"t={self.now_ms!r} ms ({self.runtime} runtime; cycle of {self.cycle_passes} pass(es)); "
+            "simulated time never advances and the compiled 1.3.0.post1 engine spins forever here",
+            f"  repeating pass admits: {', '.join(self.admitted) or '-'} and emits no token",
+            f"  waiting: {', '.join(self.waiting) or '-'}",
+            f"  running: {', '.join(self.running) or '-'}",
+        ]
+        if self.total_blocks is not None:
+            lines.append(f"  free blocks: {self.free_blocks} of {self.total_blocks}")
+        if self.pending_handoffs or self.reserved_handoffs or self.active_handoffs:
+            lines.append(
+                "  handoffs: pending destinations ["
+                + ", ".join(self.pending_handoffs)
+                + "], reserved (not activated) ["
+                + ", ".join(self.reserved_handoffs)
+                + "], activated ["
+                + ", ".join(self.active_handoffs)
+                + "]"
+            )
+        lines.extend(f"  {o}" for o in self.other)
+        return "\n".join(lines)
+
+
+class ReplayLivelock(ModelError):
+    """LIVE-3: the replay entered a cycle at constant simulated time."""
+
+    rule = "LIVE-3"
+
+    def __init__(self, diagnosis: LivelockDiagnosis) -> None:
+        super().__init__(diagnosis.message())
+        self.diagnosis = diagnosis
+
+
+# ---------------------------------------------------------------------------------------------
+# LIVE-2: canonical core states
+# ---------------------------------------------------------------------------------------------
+
+
+def _canonical_ledger(ledger):
+    g = ledger.capacity_generation
+    pend = ledger.pending_destinations
+    by_handoff = pend.by_handoff
+    evolver = by_handoff.evolver()
+    for h, entry in by_handoff.items():
+        last = entry.last_attempt_generation
+        norm = 0 if last == g else None
+        if norm != last:
+            evolver[h] = attrs.evolve(entry, last_attempt_generation=norm)
+    pend = attrs.evolve(pend, by_handoff=evolver.persistent())
+    return attrs.evolve(ledger, pending_destinations=pend, capacity_generation=0)
+
+
+def _canonical_lineage(idx):
+    from pyrsistent import pmap
+
+    ticks = sorted({n.tick for n in idx.nodes.values() if n.tick is not None} | set(idx.leaves.keys()))
+    rank = {t: i for i, t in enumerate(ticks)}
+    nodes = {}
+    for key, n in idx.nodes.items():
+        nodes[key] = n if n.tick is None else attrs.evolve(n, tick=rank[n.tick])
+    leaves = {rank[t]: k for t, k in idx.leaves.items()}
+    return attrs.evolve(idx, nodes=pmap(nodes), leaves=pmap(leaves), heap=None, heap_len=0, next_tick=0)
+
+
+def _canonical_vllm(core):
+    kv = attrs.evolve(core.kv, lineage=_canonical_lineage(core.kv.lineage), next_event_id=0)
+    return attrs.evolve(core, kv=kv, ledger=_canonical_ledger(core.ledger), preemptions_total=0)
+
+
+def canonical_state(core) -> Hashable:
+    """LIVE-2: a hashable value equal for two cores iff they behave the same from now on."""
+    ops = getattr(type(core), "ops", None)
+    custom = getattr(ops, "canonical_state", None)
+    if custom is not None:
+        return custom(core)
+    if type(core).__name__ == "VllmCore":
+        return _canonical_vllm(core)
+    return core
+
+
+# ---------------------------------------------------------------------------------------------
+# LIVE-1: the detector a driver runs inside one constant-time loop
+# ---------------------------------------------------------------------------------------------
+
+#: LIVE-1: quiet zero-duration passes tolerated before states are recorded
+RECORD_AFTER = 8
+#: LIVE-4: quiet zero-duration passes at one time after which an unproven cycle is reported
+STEP_BUDGET = 200_000
+
+
+class CycleDetector:
+    """LIVE-1: watches the quiet zero-duration passes of one loop at one simulated time.
+
+    ``observe(key_fn)`` is called after every quiet pass (no time advance, no
+    output, no lifecycle event, nothing else in the driver changed);
+    ``reset()`` whenever anything else changes.  ``observe`` returns the cycle
+    length once a canonical state repeats, or ``-1`` when the step budget is
+    exhausted without proof.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.quiet = 0
+        self.seen: Dict[Hashable, int] = {}
+        self.admitted: List[str] = []
+
+    def observe(self, key_fn, admitted=()) -> Optional[int]:
+        self.quiet += 1
+        for a in admitted:
+            if a not in self.admitted:
+                self.admitted.append(a)
+        if self.quiet >= STEP_BUDGET:
+            return -1
+        if self.quiet < RECORD_AFTER:
+            return None
+        key = key_fn()
+        prev = self.seen.get(key)
+        if prev is not None:
+            return self.quiet - prev
+        self.seen[key] = self.quiet
+        return None
+
+
+def diagnose(runtime: str, stage: str, worker_idx: int, now_ms: float, core, cycle: int, admitted) -> LivelockDiagnosis:
+    """LIVE-3: describe the looping worker from its core (best effort for unknown core types)."""
+
+    def ids(values) -> Tuple[str, ...]:
+        return tuple(getattr(v, "value", str(v)) for v in values)
+
+    waiting: Tuple[str, ...] = ()
+    running: Tuple[str, ...] = ()
+    free = total = None
+    pending = reserved = active = ()
+    members_w = getattr(core, "waiting_members", None)
+    if members_w is not None:
+        seen = set()
+        w = []
+        for u in core.waiting:
+            if u in members_w and u not in seen:
+                seen.add(u)
+                w.append(u)
+        waiting = ids(w)
+    members_r = getattr(core, "running_members", None)
+    if members_r is not None:
+        running = ids(u for u in core.running if u in members_r)
+    try:
+        from model import core as C
+
+        m = C.metrics(core)
+        total = m.total_blocks
+        free = m.total_blocks - m.active_decode_blocks
+    except Exception:  # pragma: no cover - best effort for foreign cores
+        pass
+    ledger = getattr(core, "ledger", None)
+    if ledger is not None:
+        pending = ids(ledger.pending_destinations.live_order())
+        try:
+            reserved = ids(sorted(ledger.destination_holds.by_handoff.keys()))
+        except AttributeError:  # pragma: no cover
+            reserved = ()
+        try:
+            active = ids(sorted(ledger.active_destinations.by_handoff.keys()))
+        except AttributeError:  # pragma: no cover
+            active = ()
+    return LivelockDiagnosis(
+        runtime=runtime,
+        stage=stage,
+        worker_idx=worker_idx,
+        now_ms=now_ms,
+        cycle_passes=max(cycle, 0),
+        proven=cycle > 0,
+        admitted=tuple(admitted),
+        waiting=waiting,
+        running=running,
+        free_blocks=free,
+        total_blocks=total,
+        pending_handoffs=pending,
+        reserved_handoffs=reserved,
+        active_handoffs=active,
+    )

@@ -1,0 +1,118 @@
+"""The single-worker runtime (spec/replay.md DRV-9..DRV-11).
+
+Upstream ``SingleRuntime`` (lib/mocker/src/replay/offline/single.rs): one
+aggregated worker, no event heap; passes run back to back while work exists.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from model import core as C
+from model.engine_args import EngineArgs
+from model.protocol import Submit
+from model.report import TerminalStatus, TraceCollector
+from model.workload import ReplayRequest
+
+from .admission import Admission, record_visible_pass, to_direct
+from .common import ReplayDeadEnd, ReplayError
+from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
+
+#: DRV-11: consecutive no-progress passes before the dead-end error (single.rs:26)
+MAX_CONSECUTIVE_NO_PROGRESS_PASSES = 1024
+
+
+def run_single(
+    args: EngineArgs,
+    requests: Sequence[ReplayRequest],
+    concurrency: Optional[int],
+    collector: TraceCollector,
+    on_progress: Optional[Callable[[int, int], None]] = None,
+) -> TraceCollector:
+    """DRV-9: replay ``requests`` on one worker; returns the filled collector."""
+    col = collector.set_static_worker_count(0, 1).set_gpus_per_worker(0, args.aic_gpus_per_worker())
+    core = C.new_core(args)
+    adm = Admission(requests, concurrency)
+    now = 0.0
+    no_progress = 0
+    done = 0
+    detector = CycleDetector()
+
+    def record_arrival(req: ReplayRequest, arrival: float) -> None:
+        nonlocal core, col
+        core, _ = C.apply_command(core, Submit(to_direct(req, arrival)))
+        col = col.on_arrival(req.uuid, arrival, len(req.tokens), req.max_output_tokens)
+
+    def enqueue_trace() -> None:
+        for req, arrival in adm.drain_ready(now, 0):
+            record_arrival(req, arrival)
+
+    def enqueue_concurrency() -> None:
+        available = max(concurrency - C.num_requests(core), 0)
+        for _ in range(available):
+            if not adm.pending:
+                break
+            record_arrival(adm.pending.popleft(), now)
+
+    def drive_worker(admit_between: bool) -> None:
+        """DRV-10: one pass at ``now``; the clock jumps to its end."""
+        nonlocal core, col, now, no_progress, done
+        start = now
+        before = C.num_requests(core)
+        core, res = C.execute_pass(core, now)
+        col = record_visible_pass(col, res)
+        now = res.end_ms
+        progress = (
+            now > start
+            or C.num_requests(core) < before
+            or res.completed_requests > 0
+            or bool(res.admissions)
+            or bool(res.output_signals)
+            or bool(res.kv_events)
+        )
+        for s in res.output_signals:
+            if s.completed:
+                status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
+                col = col.on_terminal(s.uuid.value, status)
+                done += 1
+        if on_progress is not None and res.completed_requests:
+            on_progress(done, adm.total)
+        if admit_between:
+            enqueue_trace()
+        if progress:
+            no_progress = 0
+        else:
+            no_progress += 1
+            if no_progress >= MAX_CONSECUTIVE_NO_PROGRESS_PASSES and not C.is_empty(core):
+                n = C.num_requests(core)
+                raise ReplayDeadEnd(
+                    f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-11"
+                )
+        # LIVE-1: a quiet pass at constant time (no output, no completion)
+        if now == start and not res.output_signals and res.completed_requests == 0:
+            cycle = detector.observe(lambda: (canonical_state(core), no_progress),
+                                     [a.uuid.value for a in res.admissions])
+            if cycle is not None:
+                raise ReplayLivelock(diagnose("single", "aggregated", 0, now, core, cycle, detector.admitted))
+        else:
+            detector.reset()
+
+    while not (C.is_empty(core) and adm.is_drained()):
+        if concurrency is None:
+            enqueue_trace()
+            if C.is_empty(core):
+                nxt = adm.next_ready_time_ms()
+                if nxt is None:
+                    raise ReplayError("trace replay reached an idle state without a pending arrival", rule="DRV-10")
+                now = nxt
+                enqueue_trace()
+                continue
+            drive_worker(True)
+        else:
+            enqueue_concurrency()
+            if C.is_empty(core):
+                if adm.is_drained():
+                    break
+                raise ReplayError("trace replay reached an idle state without a pending arrival", rule="DRV-10")
+            drive_worker(False)
+    return col
