@@ -1,6 +1,8 @@
 """The ``mocker-spec`` command line.
 
-Exit status: 0 ok, 1 a check found a problem, 2 bad input (bad arguments included).
+Exit status: 0 ok, 1 a check found a problem (``diff``: the outputs differ), 2 bad input (bad
+arguments included; nothing is written), 3 the replay reached a dead end, 4 the replay entered a
+livelock (where the compiled engine spins forever; a diagnosis is printed).
 """
 
 from __future__ import annotations
@@ -53,6 +55,286 @@ def cmd_invariants(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+EXIT_OK, EXIT_DIFF, EXIT_BAD_INPUT, EXIT_DEAD_END, EXIT_LIVELOCK = 0, 1, 2, 3, 4
+
+#: runs with more requests than this show a progress bar
+PROGRESS_MIN_REQUESTS = 200
+
+
+class _BadInput(Exception):
+    """A one-line input error: ``field=value: reason``."""
+
+
+def _load_engine_args_text(flag: str, text: Optional[str]):
+    """``--*-engine-args``: JSON object text, or the path of a file holding it."""
+    import json
+    import os
+
+    if text is None:
+        return None
+    raw = text
+    if not text.lstrip().startswith("{"):
+        if not os.path.isfile(text):
+            raise _BadInput(f"{flag}={text!r}: neither a JSON object nor a readable file")
+        try:
+            with open(text, encoding="utf-8") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise _BadInput(f"{flag}={text!r}: cannot read: {exc.strerror or exc}") from None
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise _BadInput(f"{flag}={text!r}: invalid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise _BadInput(f"{flag}={text!r}: engine args must be a JSON object")
+    return obj
+
+
+def _job_from_args(args: argparse.Namespace) -> dict:
+    """The replay job (``mocker_spec.reference`` layout) described by the command line."""
+    synthetic = (args.input_tokens, args.output_tokens, args.num_requests)
+    using_synthetic = any(v is not None for v in synthetic)
+    if (args.trace_file is not None) == using_synthetic:
+        raise _BadInput("trace_file: provide either a trace file or all of --input-tokens/--output-tokens/--num-requests")
+    if using_synthetic and not all(v is not None for v in synthetic):
+        missing = [n for n, v in zip(("--input-tokens", "--output-tokens", "--num-requests"), synthetic) if v is None]
+        raise _BadInput(f"{missing[0]}=None: synthetic replay requires --input-tokens, --output-tokens and --num-requests")
+    if args.report_jsonl is not None and args.trace_file is None:
+        raise _BadInput(f"--report-jsonl={args.report_jsonl!r}: the per-request report only supports trace-file replay")
+    extra = _load_engine_args_text("--extra-engine-args", args.extra_engine_args)
+    prefill = _load_engine_args_text("--prefill-engine-args", args.prefill_engine_args)
+    decode = _load_engine_args_text("--decode-engine-args", args.decode_engine_args)
+    job: dict = {
+        "router_mode": args.router_mode,
+        "arrival_speedup_ratio": args.arrival_speedup_ratio,
+        "trace_block_size": args.trace_block_size,
+        "replay_concurrency": args.replay_concurrency,
+    }
+    if prefill is not None or decode is not None:
+        if extra is not None:
+            raise _BadInput("--extra-engine-args: cannot be combined with --prefill-engine-args/--decode-engine-args")
+        if prefill is None or decode is None:
+            flag = "--prefill-engine-args" if prefill is None else "--decode-engine-args"
+            raise _BadInput(f"{flag}=None: prefill and decode engine args must be provided together")
+        job.update(mode="disagg", prefill_engine_args=prefill, decode_engine_args=decode,
+                   num_prefill_workers=args.num_prefill_workers, num_decode_workers=args.num_decode_workers,
+                   num_workers=args.num_workers)
+    else:
+        job.update(mode="agg", engine_args=extra, num_workers=args.num_workers,
+                   num_prefill_workers=args.num_prefill_workers, num_decode_workers=args.num_decode_workers)
+    if args.trace_file is not None:
+        job["trace_file"] = args.trace_file
+    else:
+        job["synthetic"] = {
+            "input_tokens": args.input_tokens,
+            "output_tokens": args.output_tokens,
+            "request_count": args.num_requests,
+            "arrival_interval_ms": args.arrival_interval_ms,
+        }
+    return job
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    import math
+
+    if args.trace_block_size is not None and args.trace_block_size <= 0:
+        raise _BadInput(f"--trace-block-size={args.trace_block_size}: must be greater than 0")
+    r = args.arrival_speedup_ratio
+    if not math.isfinite(r) or r <= 0:
+        raise _BadInput(f"--arrival-speedup-ratio={r}: must be finite and greater than 0")
+    if args.replay_concurrency is not None and args.replay_concurrency < 1:
+        raise _BadInput(f"--replay-concurrency={args.replay_concurrency}: must be at least 1")
+    if args.router_mode == "kv_router":
+        raise _BadInput("--router-mode='kv_router': not supported yet (the model has no KV router); use round_robin")
+
+
+def _prepare(args: argparse.Namespace):
+    """Parse and validate everything before anything runs: ``(job, setup, workload)``."""
+    from model.errors import InvalidInput
+
+    from .reference import setup_from_job, workload_from_job
+
+    _check_numbers(args)
+    job = _job_from_args(args)
+    try:
+        setup = setup_from_job(job)
+        from model.replay import check_setup
+
+        check_setup(setup)
+        workload = workload_from_job(job, setup)
+    except InvalidInput as exc:
+        raise _BadInput(str(exc)) from None
+    from model.workload import SessionWorkload
+
+    if isinstance(workload, SessionWorkload):
+        raise _BadInput("trace_file: multi-turn sessions are not supported by the model's drivers yet")
+    return job, setup, workload
+
+
+def _summary_table(summary, title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("requests", "num_requests", "{:d}"),
+        ("completed", "completed_requests", "{:d}"),
+        ("input tokens", "total_input_tokens", "{:d}"),
+        ("output tokens", "total_output_tokens", "{:d}"),
+        ("duration (ms)", "duration_ms", "{:.3f}"),
+        ("request throughput (req/s)", "request_throughput_rps", "{:.3f}"),
+        ("output throughput (tok/s)", "output_throughput_tok_s", "{:.3f}"),
+        ("mean TTFT (ms)", "mean_ttft_ms", "{:.3f}"),
+        ("p99 TTFT (ms)", "p99_ttft_ms", "{:.3f}"),
+        ("mean ITL (ms)", "mean_itl_ms", "{:.3f}"),
+        ("p99 ITL (ms)", "p99_itl_ms", "{:.3f}"),
+        ("mean E2E (ms)", "mean_e2e_latency_ms", "{:.3f}"),
+        ("p99 E2E (ms)", "p99_e2e_latency_ms", "{:.3f}"),
+        ("prefix-cache reuse", "prefix_cache_reused_ratio", "{:.4f}"),
+        ("prefill worker-seconds", "prefill_worker_seconds", "{:.6f}"),
+        ("decode worker-seconds", "decode_worker_seconds", "{:.6f}"),
+    ]
+    for label, key, fmt in rows:
+        if key in summary:
+            table.add_row(label, fmt.format(summary[key]))
+    return table
+
+
+def _error(console: Console, text: str) -> None:
+    console.print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def cmd_replay(args: argparse.Namespace, console: Console) -> int:
+    """Run the oracle on a trace file or synthetic requests; print the summary; write the outputs."""
+    import time
+
+    from model.report import finish
+    from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, run_replay
+
+    from .formats import write_report_jsonl, write_summary_json
+
+    err = Console(stderr=True)
+    try:
+        job, setup, workload = _prepare(args)
+    except _BadInput as exc:
+        _error(err, str(exc))
+        return EXIT_BAD_INPUT
+    total = len(workload.requests)
+    started = time.perf_counter()
+    try:
+        if total >= PROGRESS_MIN_REQUESTS and not args.no_progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=err, transient=True) as progress:
+                task = progress.add_task("replay", total=total)
+                col = run_replay(setup, workload, on_progress=lambda done, _t: progress.update(task, completed=done))
+        else:
+            col = run_replay(setup, workload)
+    except ReplayLivelock as exc:
+        _error(err, str(exc))
+        return EXIT_LIVELOCK
+    except ReplayDeadEnd as exc:
+        _error(err, exc.message)
+        return EXIT_DEAD_END
+    except ReplayError as exc:
+        _error(err, exc.message)
+        return 1
+    wall_ms = (time.perf_counter() - started) * 1000.0
+    summary, records = finish(col, wall_ms)
+    if args.report_jsonl is not None:
+        write_report_jsonl(args.report_jsonl, records)
+    if args.summary_json is not None:
+        write_summary_json(args.summary_json, summary)
+    console.print(_summary_table(summary, "mocker-spec replay"))
+    return EXIT_OK
+
+
+def cmd_diff(args: argparse.Namespace, console: Console) -> int:
+    """Compare the oracle with the compiled reference (live, or the recorded corpus)."""
+    from .reference import case_dirs, check_case, compare, run_model, run_reference, synthetic_as_trace_rows
+
+    err = Console(stderr=True)
+    if args.corpus is not None:
+        import os
+
+        if not os.path.isdir(args.corpus):
+            _error(err, f"--corpus={args.corpus!r}: not a directory")
+            return EXIT_BAD_INPUT
+        dirs = case_dirs(args.corpus)
+        if not dirs:
+            _error(err, f"--corpus={args.corpus!r}: no case directories (case.json) found")
+            return EXIT_BAD_INPUT
+        table = Table(title=f"mocker-spec diff --corpus {args.corpus}")
+        for c in ("case", "mode", "engine", "result", "detail"):
+            table.add_column(c)
+        same = 0
+        for d in dirs:
+            ours, ref, div = check_case(d)
+            import json
+
+            case = json.loads((d / "case.json").read_text())
+            engine = (case.get("engine_args") or case.get("prefill_engine_args") or {}).get("engine_type", "vllm")
+            if div is None:
+                same += 1
+                table.add_row(d.name, case.get("mode", "?"), engine, "identical", "" if ref.status == "ok" else ref.status)
+            else:
+                table.add_row(d.name, case.get("mode", "?"), engine, "[red]differs[/]", div.describe())
+        console.print(table)
+        console.print(f"{same}/{len(dirs)} identical")
+        return EXIT_OK if same == len(dirs) else EXIT_DIFF
+
+    try:
+        job, setup, workload = _prepare(args)
+    except _BadInput as exc:
+        _error(err, str(exc))
+        return EXIT_BAD_INPUT
+    import json
+    import os
+    import tempfile
+
+    ours = run_model(job)
+    ref_job = dict(job)
+    note = ""
+    with tempfile.TemporaryDirectory(prefix="mocker-spec-diff-") as tmp:
+        if "synthetic" in job and job.get("replay_concurrency") is None:
+            path = os.path.join(tmp, "synthetic.jsonl")
+            with open(path, "w", encoding="utf-8") as fh:
+                for row in synthetic_as_trace_rows(workload):
+                    fh.write(json.dumps(row) + "\n")
+            ref_job.pop("synthetic")
+            ref_job.update(trace_file=path, trace_block_size=1, arrival_speedup_ratio=1.0)
+            note = " (synthetic requests replayed as an equivalent trace with trace_block_size 1)"
+        ref = run_reference(ref_job, timeout_s=args.timeout)
+    console.print(f"model: {ours.label()}", highlight=False, soft_wrap=True)
+    console.print(f"reference{note}: {ref.label()}", highlight=False, soft_wrap=True)
+    if ref.status == "error" and ref.message.startswith("compiled reference not installed"):
+        return EXIT_BAD_INPUT
+    div = compare(ours, ref)
+    if div is None:
+        console.print("identical" if ours.status == "ok" else f"agree: model {ours.status}, reference {ref.status}")
+        return EXIT_OK
+    console.print(div.describe(), highlight=False, soft_wrap=True)
+    return EXIT_DIFF
+
+
+def _add_replay_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace_file", nargs="?", help="mooncake JSONL trace")
+    p.add_argument("--extra-engine-args", help="aggregated engine args: JSON object text or a file path")
+    p.add_argument("--prefill-engine-args", help="prefill engine args (disaggregated): JSON text or a file path")
+    p.add_argument("--decode-engine-args", help="decode engine args (disaggregated): JSON text or a file path")
+    p.add_argument("--num-workers", type=int, default=1)
+    p.add_argument("--num-prefill-workers", type=int, default=1)
+    p.add_argument("--num-decode-workers", type=int, default=1)
+    p.add_argument("--replay-concurrency", type=int, help="closed loop: keep this many requests in flight")
+    p.add_argument("--router-mode", choices=("round_robin", "kv_router"), default="round_robin")
+    p.add_argument("--arrival-speedup-ratio", type=float, default=1.0)
+    p.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash id in the trace (default 512)")
+    p.add_argument("--input-tokens", type=int, help="synthetic: prompt length")
+    p.add_argument("--output-tokens", type=int, help="synthetic: output length")
+    p.add_argument("--num-requests", "--request-count", dest="num_requests", type=int, help="synthetic: request count")
+    p.add_argument("--arrival-interval-ms", type=float, default=1.0, help="synthetic: arrival spacing")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mocker-spec",
@@ -65,6 +347,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_transitions)
     p = sub.add_parser("invariants", help="print the registered invariants")
     p.set_defaults(func=cmd_invariants)
+    p = sub.add_parser("replay", help="run an offline replay on the model (like python -m dynamo.replay)")
+    _add_replay_flags(p)
+    p.add_argument("--report-jsonl", help="write the per-request report here (trace-file replay only)")
+    p.add_argument("--summary-json", help="write the summary here")
+    p.add_argument("--no-progress", action="store_true", help="never show the progress bar")
+    p.set_defaults(func=cmd_replay)
+    p = sub.add_parser("diff", help="compare the model with the compiled reference (or a recorded corpus)")
+    _add_replay_flags(p)
+    p.add_argument("--corpus", help="compare every case directory under this path with its recorded outputs")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
+    p.set_defaults(func=cmd_diff, report_jsonl=None)
     return parser
 
 

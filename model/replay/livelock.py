@@ -19,7 +19,8 @@ keeps exactly what decides future behaviour:
   behaves like None forever;
 * inactive-block ticks only matter through their order -- they become ranks;
   the lazily cleaned heap and the next-tick counter are dropped;
-* ``preemptions_total`` and KV event ids only feed metrics and events.
+* ``preemptions_total``, the per-request preemption counts and KV event ids
+  only feed metrics and events.
 
 A core type may provide its own ``ops.canonical_state(core)``; the vLLM/TRT-LLM
 core is handled here; any other core is compared as is (sound, possibly never
@@ -126,7 +127,12 @@ def _canonical_lineage(idx):
 
 def _canonical_vllm(core):
     kv = attrs.evolve(core.kv, lineage=_canonical_lineage(core.kv.lineage), next_event_id=0)
-    return attrs.evolve(core, kv=kv, ledger=_canonical_ledger(core.ledger), preemptions_total=0)
+    reqs = core.requests.evolver()
+    for u, r in core.requests.items():
+        if r.num_preemptions:
+            reqs[u] = attrs.evolve(r, num_preemptions=0)
+    return attrs.evolve(core, kv=kv, requests=reqs.persistent(), ledger=_canonical_ledger(core.ledger),
+                        preemptions_total=0)
 
 
 def canonical_state(core) -> Hashable:

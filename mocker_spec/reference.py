@@ -1,0 +1,371 @@
+"""Differential harness: the compiled reference (ai-dynamo-runtime 1.3.0.post1) versus the model.
+
+* :func:`run_reference` runs ``dynamo._core.run_mocker_trace_replay`` (or the
+  synthetic entry point) in a **subprocess with a timeout** -- the compiled
+  engine can spin forever (spec/replay.md LIVE-5) -- and returns its status,
+  summary and per-request rows.
+* :func:`run_model` runs the oracle on the same job.
+* :func:`compare` finds the first divergent request and field.
+* :func:`load_case` / :func:`check_case` read the reference-corpus layout
+  (``case.json``, ``trace.jsonl``, ``expected.*``) and compare against the
+  recorded files, no wheel needed.
+
+A *job* is a plain dict (the ``case.json`` layout): ``mode`` (``agg`` or
+``disagg``), ``engine_args`` / ``prefill_engine_args`` + ``decode_engine_args``
+(dicts of ``MockEngineArgs`` keyword arguments), ``num_workers`` /
+``num_prefill_workers`` / ``num_decode_workers``, ``trace_block_size``,
+``router_mode``, ``arrival_speedup_ratio``, ``replay_concurrency``, and either
+``trace_file`` (path) or ``synthetic`` (``input_tokens``, ``output_tokens``,
+``request_count``, ``arrival_interval_ms``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import attrs
+
+from model.engine_args import engine_args_from_json
+from model.errors import InvalidInput
+from model.report import SUMMARY_WALL_CLOCK_KEYS, finish
+from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, run_replay
+from model.workload import FlatWorkload, synthetic_replay_workload
+
+from .formats import load_trace_file
+
+__all__ = [
+    "Outcome",
+    "Divergence",
+    "run_reference",
+    "run_model",
+    "compare",
+    "load_case",
+    "check_case",
+    "synthetic_as_trace_rows",
+    "setup_from_job",
+    "workload_from_job",
+    "REL_TOL_RECORD",
+    "REL_TOL_SUMMARY",
+]
+
+#: per-request floats agree within this relative tolerance
+REL_TOL_RECORD = 1e-12
+#: summary values agree within this relative tolerance (upstream sums in hash-map order)
+REL_TOL_SUMMARY = 1e-9
+#: ... or within this absolute difference: a standard deviation of equal samples is summation
+#: noise (about 1e-14) whose relative error is meaningless
+ABS_TOL_SUMMARY = 1e-9
+#: summary keys that depend on the real elapsed time
+WALL_CLOCK_KEYS = frozenset(SUMMARY_WALL_CLOCK_KEYS)
+
+
+@attrs.frozen
+class Outcome:
+    """What one side produced: ``status`` is ``ok``, ``timeout`` (hang), ``livelock``, ``error``."""
+
+    status: str
+    message: str = ""
+    summary: Optional[Dict[str, Any]] = None
+    records: Optional[List[Dict[str, Any]]] = None
+
+    def label(self) -> str:
+        if not self.message:
+            return self.status
+        first = self.message.splitlines()[0]
+        return first if first.startswith(self.status) or self.status == "livelock" else f"{self.status}: {first}"
+
+
+@attrs.frozen
+class Divergence:
+    """The first difference: ``where`` is ``record``, ``summary``, ``count`` or ``status``."""
+
+    where: str
+    field: str
+    ours: Any
+    reference: Any
+    request: Optional[Dict[str, Any]] = None  # the reference row (identifying fields)
+
+    def describe(self) -> str:
+        if self.where == "record":
+            r = self.request or {}
+            who = (f"request arriving at {r.get('arrival_time_ms')!r} ms "
+                   f"(input {r.get('input_length')}, output {r.get('output_length')})")
+            return f"first divergence: {who}, field {self.field}: model {self.ours!r}, reference {self.reference!r}"
+        if self.where == "summary":
+            return f"first divergence: summary key {self.field}: model {self.ours!r}, reference {self.reference!r}"
+        if self.where == "count":
+            return f"first divergence: {self.field}: model {self.ours!r}, reference {self.reference!r}"
+        return f"outcomes differ: model {self.ours}, reference {self.reference}"
+
+
+# ---------------------------------------------------------------------------------------------
+# the compiled reference, in a subprocess
+# ---------------------------------------------------------------------------------------------
+
+_REFERENCE_SCRIPT = r"""
+import json, sys, os
+job = json.loads(sys.stdin.read())
+out_path = job["out_path"]
+def emit(obj):
+    with open(out_path, "w") as fh:
+        json.dump(obj, fh)
+try:
+    import dynamo._core as c
+except Exception as exc:
+    emit({"status": "error", "message": "compiled reference not installed: %r" % (exc,)}); sys.exit(0)
+mk = lambda a: c.MockEngineArgs(**a)
+kw = dict(router_mode=job.get("router_mode", "round_robin"),
+          arrival_speedup_ratio=job.get("arrival_speedup_ratio", 1.0))
+if job.get("replay_concurrency") is not None:
+    kw["replay_concurrency"] = job["replay_concurrency"]
+if job["mode"] == "agg":
+    if job.get("engine_args") is not None:
+        kw["extra_engine_args"] = mk(job["engine_args"])
+    kw["num_workers"] = job.get("num_workers", 1)
+else:
+    kw.update(prefill_engine_args=mk(job["prefill_engine_args"]), decode_engine_args=mk(job["decode_engine_args"]),
+              num_prefill_workers=job.get("num_prefill_workers", 1), num_decode_workers=job.get("num_decode_workers", 1))
+try:
+    if job.get("trace_file") is not None:
+        kw["trace_block_size"] = job.get("trace_block_size", 512)
+        kw["report_jsonl_path"] = job["report_path"]
+        summary = c.run_mocker_trace_replay([job["trace_file"]], **kw)
+        rows = [json.loads(l) for l in open(job["report_path"]) if l.strip()]
+    else:
+        s = job["synthetic"]
+        summary = c.run_mocker_synthetic_trace_replay(
+            input_tokens=s["input_tokens"], output_tokens=s["output_tokens"], request_count=s["request_count"],
+            arrival_interval_ms=s.get("arrival_interval_ms", 1.0), **kw)
+        rows = None
+    emit({"status": "ok", "summary": dict(summary), "records": rows})
+except Exception as exc:
+    emit({"status": "error", "message": str(exc)})
+"""
+
+
+def run_reference(job: Mapping[str, Any], timeout_s: float = 60.0, python: str = sys.executable) -> Outcome:
+    """Run the compiled reference on ``job`` in a subprocess; a run over ``timeout_s`` is a hang."""
+    with tempfile.TemporaryDirectory(prefix="mocker-spec-ref-") as tmp:
+        payload = dict(job)
+        payload["out_path"] = os.path.join(tmp, "out.json")
+        payload["report_path"] = os.path.join(tmp, "report.jsonl")
+        proc = subprocess.Popen(
+            [python, "-c", _REFERENCE_SCRIPT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            text=True,
+        )
+        try:
+            _, err = proc.communicate(json.dumps(payload), timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return Outcome("timeout", f"the reference did not finish within {timeout_s:g} s (it hangs)")
+        try:
+            data = json.loads(Path(payload["out_path"]).read_text())
+        except (OSError, ValueError):
+            tail = (err or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+            return Outcome("error", f"the reference crashed: {tail[0]}")
+    summary = data.get("summary")
+    if summary is not None:
+        summary = {k: v for k, v in summary.items() if k != "wall_time_ms"}
+    return Outcome(data["status"], data.get("message", ""), summary, data.get("records"))
+
+
+# ---------------------------------------------------------------------------------------------
+# the model
+# ---------------------------------------------------------------------------------------------
+
+
+def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
+    """The replay setup of a job (engine-args dicts parsed with the JSON dialect)."""
+
+    def parse(name: str):
+        raw = job.get(name)
+        if raw is None:
+            return None
+        try:
+            return engine_args_from_json(raw)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{name}.{exc.field}", exc.value, exc.reason, rule=exc.rule) from None
+
+    if job.get("mode", "agg") == "agg":
+        return ReplaySetup(
+            engine_args=parse("engine_args"),
+            num_workers=job.get("num_workers", 1),
+            replay_concurrency=job.get("replay_concurrency"),
+            router_mode=job.get("router_mode", "round_robin"),
+        )
+    return ReplaySetup(
+        prefill_args=parse("prefill_engine_args"),
+        decode_args=parse("decode_engine_args"),
+        num_prefill_workers=job.get("num_prefill_workers", 1),
+        num_decode_workers=job.get("num_decode_workers", 1),
+        replay_concurrency=job.get("replay_concurrency"),
+        router_mode=job.get("router_mode", "round_robin"),
+    )
+
+
+def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
+    """The workload of a job: a trace file (WL-14) or synthetic requests (WL-16/WL-17)."""
+    ratio = job.get("arrival_speedup_ratio", 1.0)
+    if job.get("trace_file") is not None:
+        return load_trace_file(job["trace_file"], job.get("trace_block_size", 512), ratio)
+    s = job["synthetic"]
+    args = setup.prefill_args if setup.is_disagg else setup.engine_args
+    block_size = args.block_size if args is not None else 64
+    return synthetic_replay_workload(
+        block_size,
+        s["input_tokens"],
+        s["output_tokens"],
+        s["request_count"],
+        s.get("arrival_interval_ms", 1.0),
+        turns_per_session=s.get("turns_per_session", 1),
+        shared_prefix_ratio=s.get("shared_prefix_ratio", 0.0),
+        num_prefix_groups=s.get("num_prefix_groups", 0),
+        inter_turn_delay_ms=s.get("inter_turn_delay_ms", 0.0),
+        arrival_speedup_ratio=ratio,
+        replay_concurrency=job.get("replay_concurrency"),
+    )
+
+
+def run_model(job: Mapping[str, Any]) -> Outcome:
+    """Run the oracle on ``job``; bad input propagates as :class:`InvalidInput`."""
+    setup = setup_from_job(job)
+    workload = workload_from_job(job, setup)
+    try:
+        col = run_replay(setup, workload)
+    except ReplayLivelock as exc:
+        return Outcome("livelock", str(exc))
+    except ReplayError as exc:
+        return Outcome("error", exc.message)
+    summary, records = finish(col, 0.0)
+    summary = {k: v for k, v in summary.items() if k != "wall_time_ms"}
+    return Outcome("ok", "", summary, [r.to_dict() for r in records])
+
+
+def synthetic_as_trace_rows(workload: FlatWorkload) -> List[Dict[str, Any]]:
+    """Flat synthetic requests as mooncake rows replayed with ``trace_block_size`` 1.
+
+    With one token per hash id the trace path (WL-10, WL-13) rebuilds exactly
+    the synthetic tokens, lengths and arrivals, so the reference can write its
+    per-request report (its synthetic entry point has none).
+    """
+    return [
+        {
+            "timestamp": r.arrival_timestamp_ms,
+            "input_length": len(r.tokens),
+            "output_length": r.max_output_tokens,
+            "hash_ids": list(r.tokens),
+        }
+        for r in workload.requests
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# comparison
+# ---------------------------------------------------------------------------------------------
+
+
+def _close(a: Any, b: Any, tol: float, abs_tol: float = 0.0) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        fa, fb = float(a), float(b)
+        if fa == fb:
+            return True
+        if math.isnan(fa) or math.isnan(fb):
+            return math.isnan(fa) and math.isnan(fb)
+        return abs(fa - fb) <= max(tol * max(abs(fa), abs(fb)), abs_tol)
+    return a == b
+
+
+def _bucket(v: Any) -> Any:
+    if isinstance(v, float) and math.isfinite(v) and v != 0.0:
+        return float(f"{v:.9g}")
+    return v
+
+
+def _row_key(r: Mapping[str, Any]) -> Tuple:
+    """Rows are matched by arrival, then by every other field (uuids are random upstream)."""
+    from model.report import REPORT_FIELDS
+
+    return tuple(
+        (0, "") if r.get(k) is None else (1, str(_bucket(r.get(k))) if not isinstance(r.get(k), (int, float)) else _bucket(r.get(k)))
+        for k in ("arrival_time_ms",) + tuple(f for f in REPORT_FIELDS if f not in ("uuid", "arrival_time_ms"))
+    )
+
+
+def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
+    """None when the outcomes agree (a model livelock agrees with a reference hang)."""
+    if ours.status != "ok" or ref.status != "ok":
+        agree = (
+            (ours.status == "livelock" and ref.status == "timeout")
+            or (ours.status == "error" and ref.status == "error" and ours.message == ref.message)
+        )
+        return None if agree else Divergence("status", "status", ours.label(), ref.label())
+    if ref.records is not None and ours.records is not None:
+        if len(ours.records) != len(ref.records):
+            return Divergence("count", "report rows", len(ours.records), len(ref.records))
+        for a, b in zip(sorted(ours.records, key=_row_key), sorted(ref.records, key=_row_key)):
+            for k, v in b.items():
+                if k == "uuid":
+                    continue
+                if not _close(a.get(k), v, REL_TOL_RECORD):
+                    ident = {f: b.get(f) for f in ("arrival_time_ms", "input_length", "output_length")}
+                    return Divergence("record", k, a.get(k), v, ident)
+    if ref.summary is not None and ours.summary is not None:
+        for k, v in ref.summary.items():
+            if k in WALL_CLOCK_KEYS or k == "wall_time_ms":
+                continue
+            if not _close(ours.summary.get(k), v, REL_TOL_SUMMARY, ABS_TOL_SUMMARY):
+                return Divergence("summary", k, ours.summary.get(k), v)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# the corpus layout
+# ---------------------------------------------------------------------------------------------
+
+
+def load_case(case_dir: str | os.PathLike[str]) -> Tuple[Dict[str, Any], Outcome]:
+    """A corpus case as ``(job, recorded reference outcome)``."""
+    d = Path(case_dir)
+    job = json.loads((d / "case.json").read_text())
+    job["trace_file"] = str(d / "trace.jsonl")
+    status = (d / "expected.status").read_text().strip() if (d / "expected.status").exists() else "ok"
+    if status == "ok":
+        summary = json.loads((d / "expected.summary.json").read_text())
+        rows = [json.loads(l) for l in (d / "expected.report.jsonl").read_text().splitlines() if l.strip()]
+        return job, Outcome("ok", "", summary, rows)
+    if status == "timeout":
+        return job, Outcome("timeout", "the reference never finished")
+    msg = status[len("error:"):].strip() if status.startswith("error:") else status
+    return job, Outcome("error", msg)
+
+
+def check_case(case_dir: str | os.PathLike[str]) -> Tuple[Outcome, Outcome, Optional[Divergence]]:
+    """Run the model on one corpus case and compare with the recorded reference outcome."""
+    job, ref = load_case(case_dir)
+    try:
+        ours = run_model(job)
+    except InvalidInput as exc:
+        ours = Outcome("error", str(exc))
+    except Exception as exc:  # a missing core, a model bug: report it per case
+        ours = Outcome("error", f"{type(exc).__name__}: {exc}")
+    return ours, ref, compare(ours, ref)
+
+
+def case_dirs(root: str | os.PathLike[str]) -> List[Path]:
+    return sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "case.json").exists())
