@@ -198,20 +198,19 @@ def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
         except InvalidInput as exc:
             raise InvalidInput(f"{name}.{exc.field}", exc.value, exc.reason, rule=exc.rule) from None
 
-    if job.get("mode", "agg") == "agg":
-        return ReplaySetup(
-            engine_args=parse("engine_args"),
-            num_workers=job.get("num_workers", 1),
-            replay_concurrency=job.get("replay_concurrency"),
-            router_mode=job.get("router_mode", "round_robin"),
-        )
-    return ReplaySetup(
-        prefill_args=parse("prefill_engine_args"),
-        decode_args=parse("decode_engine_args"),
+    common = dict(
+        num_workers=job.get("num_workers", 1),
         num_prefill_workers=job.get("num_prefill_workers", 1),
         num_decode_workers=job.get("num_decode_workers", 1),
         replay_concurrency=job.get("replay_concurrency"),
         router_mode=job.get("router_mode", "round_robin"),
+    )
+    if job.get("mode", "agg") == "agg":
+        return ReplaySetup(engine_args=parse("engine_args"), **common)
+    return ReplaySetup(
+        prefill_args=parse("prefill_engine_args"),
+        decode_args=parse("decode_engine_args"),
+        **common,
     )
 
 

@@ -1,0 +1,562 @@
+"""Replay drivers (spec/replay.md DRV, DIS, LIVE rules): reference corpus, upstream test ports, livelocks, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import attrs
+import pytest
+
+from model import core as C
+from model.engine_args import engine_args_from_json
+from model.errors import InternalInvariantBroken, InvalidInput
+from model.ids import HandoffId
+from model.report import TerminalStatus, TraceCollector, finish
+from model.replay import ReplayDeadEnd, ReplayLivelock, ReplaySetup, check_setup, run_replay
+from model.replay.common import EventHeap, made_progress
+from model.replay.coordinator import (
+    ActionKind,
+    DestinationReservedFact,
+    Failed,
+    FailedFact,
+    HandoffOrder,
+    Outcome,
+    SourceHeldFact,
+    TransferCompletedFact,
+    new_coordinator,
+)
+from model.replay.livelock import canonical_state
+from model.timing import HandoffTransferTiming, KvTransferTimingMode
+from model.workload import FlatWorkload, ReplayRequest, normalize_trace_requests, synthetic_replay_workload
+from model.report import uuid_from_int
+from mocker_spec import cli
+from mocker_spec.reference import case_dirs, check_case
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+GOLDENS = ROOT / "tests" / "goldens" / "refcases"
+SHARED = pathlib.Path("/work/shared/refcases")
+
+
+def _sglang_available() -> bool:
+    try:
+        import model.sglang_core  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _engine_of(case_dir: pathlib.Path) -> str:
+    case = json.loads((case_dir / "case.json").read_text())
+    return (case.get("engine_args") or case.get("prefill_engine_args") or {}).get("engine_type", "vllm")
+
+
+def _check(case_dir: pathlib.Path) -> None:
+    if _engine_of(case_dir) == "sglang" and not _sglang_available():
+        pytest.skip("the SGLang core has not landed")
+    ours, ref, div = check_case(case_dir)
+    assert div is None, div.describe()
+
+
+# ---------------------------------------------------------------------------------------------
+# reference corpus (DRV-1..DRV-16, DIS-1..DIS-15): per-request report and summary parity
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case_dir", case_dirs(GOLDENS), ids=lambda p: p.name)
+def test_golden_refcase_matches_reference(case_dir):
+    _check(case_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared reference corpus not present")
+@pytest.mark.parametrize(
+    "case_dir", case_dirs(SHARED) if SHARED.is_dir() else [], ids=lambda p: p.name
+)
+def test_shared_refcase_matches_reference(case_dir):
+    _check(case_dir)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _args(**kw):
+    return engine_args_from_json(kw)
+
+
+def _staged(worker_type, speedup=1000.0, **kw):
+    """Upstream disagg_tests.rs ``staged_args``: B=64, 256 blocks, 8 seqs, both speed-ups."""
+    base = dict(block_size=64, num_gpu_blocks=256, max_num_batched_tokens=8192, max_num_seqs=8,
+                speedup_ratio=speedup, decode_speedup_ratio=speedup, worker_type=worker_type)
+    base.update(kw)
+    return _args(**base)
+
+
+def _req(i, isl, osl, arrival, token=None):
+    toks = tuple([token if token is not None else i] * isl)
+    return ReplayRequest(uuid=uuid_from_int(i), tokens=toks, max_output_tokens=osl, arrival_timestamp_ms=arrival)
+
+
+def _run(setup, reqs):
+    """Like upstream's ``run_trace_collect``: arrivals are normalized first (WL-15)."""
+    reqs = tuple(reqs)
+    if all(r.arrival_timestamp_ms is not None for r in reqs):
+        reqs = normalize_trace_requests(reqs, 1.0)
+    col = run_replay(setup, FlatWorkload(reqs))
+    summary, records = finish(col)
+    return col, summary, {r.uuid: r for r in records}
+
+
+def _disagg(np_=2, nd=2, prefill_kw=None, decode_kw=None, **kw):
+    return ReplaySetup(prefill_args=_staged("prefill", **(prefill_kw or {})),
+                       decode_args=_staged("decode", **(decode_kw or {})),
+                       num_prefill_workers=np_, num_decode_workers=nd, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# DRV: event heap, progress predicate, setup checks
+# ---------------------------------------------------------------------------------------------
+
+
+def test_event_heap_orders_by_time_then_push_and_blocks_on_other_kinds():
+    """DRV-3: (at_ms, seq_no) order; pop_ready only pops the top event of the asked kind."""
+    h = EventHeap()
+    h.push(5.0, "transfer_complete", "t")
+    h.push(5.0, "worker_completion", "w")
+    h.push(1.0, "worker_completion", "early")
+    assert h.pop_ready("worker_completion", 1.0) == "early"
+    assert h.pop_ready("worker_completion", 5.0) is None  # blocked by the transfer at the top
+    assert h.pop_ready("transfer_complete", 5.0) == "t"
+    assert h.pop_ready("worker_completion", 5.0) == "w"
+    assert h.is_empty()
+
+
+def test_progress_predicate_counts_admissions_and_scheduled_fpm():
+    """DRV-6: an empty pass is no progress; any admission is."""
+    core = C.new_core(_args(block_size=16, num_gpu_blocks=8))
+    _, res = C.execute_pass(core, 0.0)
+    assert res.end_ms == 0.0 and not made_progress(res)
+
+
+@pytest.mark.parametrize(
+    "setup, field",
+    [
+        (ReplaySetup(engine_args=_args(block_size=16), num_prefill_workers=2), "num_prefill_workers"),
+        (ReplaySetup(prefill_args=_staged("prefill")), "decode_engine_args"),
+        (ReplaySetup(prefill_args=_staged("prefill"), decode_args=_staged("decode"), num_workers=2), "num_workers"),
+        (ReplaySetup(engine_args=_args(block_size=16), replay_concurrency=0), "replay_concurrency"),
+        (ReplaySetup(engine_args=_args(block_size=16), num_workers=2, router_mode="kv_router"), "router_mode"),
+        (ReplaySetup(engine_args=_args(block_size=16, worker_type="decode")), "worker_type"),
+        (ReplaySetup(prefill_args=_args(engine_type="trtllm", worker_type="prefill", block_size=16),
+                     decode_args=_args(engine_type="trtllm", worker_type="decode", block_size=16)), "engine_type"),
+    ],
+)
+def test_setup_checks_name_the_field(setup, field):
+    """DRV-1: upstream's argument checks; kv_router is refused (not modelled)."""
+    with pytest.raises(InvalidInput) as exc:
+        check_setup(setup)
+    assert exc.value.field == field
+
+
+# ---------------------------------------------------------------------------------------------
+# DRV-9..DRV-11: single-worker runtime
+# ---------------------------------------------------------------------------------------------
+
+
+def test_single_runtime_leaves_decode_worker_null_and_uses_static_worker_seconds():
+    """DRV-9: SingleRuntime never assigns a worker index; worker-seconds = 1 x duration."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=64))
+    _, summary, recs = _run(setup, [_req(1, 32, 3, 0.0), _req(2, 32, 3, 1.0)])
+    assert all(r.decode_worker_idx is None for r in recs.values())
+    assert summary["decode_worker_seconds"] == summary["duration_ms"] / 1000.0
+
+
+def test_single_runtime_zero_output_is_a_dead_end():
+    """DRV-11: an ``output_length: 0`` row never completes -> dead end after 1024 idle passes."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=64))
+    with pytest.raises(ReplayDeadEnd) as exc:
+        _run(setup, [_req(1, 32, 0, 0.0)])
+    assert str(exc.value) == "offline replay reached a dead end with 1 in-flight requests remaining"
+    assert exc.value.in_flight == 1
+
+
+def test_single_concurrency_arrival_is_release_time():
+    """DRV-2 (port of single.rs test_concurrency_replay_matches_manual_steps): cap 1 releases the
+    next request when the previous one completes; its arrival is that time."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=64), replay_concurrency=1)
+    reqs = [attrs.evolve(_req(i, 32, 3, 0.0), arrival_timestamp_ms=None) for i in (1, 2, 3)]
+    _, _, recs = _run(setup, reqs)
+    r = [recs[uuid_from_int(i)] for i in (1, 2, 3)]
+    assert r[0].arrival_time_ms == 0.0
+    assert r[1].arrival_time_ms == r[0].last_token_ms
+    assert r[2].arrival_time_ms == r[1].last_token_ms
+
+
+def test_trtllm_oversized_request_rejected_unblocks_follower():
+    """DRV-10 (port of agg.rs trtllm_oversized_request_rejected_unblocks_follower_agg): the
+    rejected request gets terminal status rejected and the next one completes."""
+    args = _args(engine_type="trtllm", block_size=16, num_gpu_blocks=4, max_num_seqs=4)
+    for workers in (1, 2):
+        setup = ReplaySetup(engine_args=args, num_workers=workers)
+        _, _, recs = _run(setup, [_req(1, 200, 4, 0.0), _req(2, 16, 2, 0.0)])
+        assert recs[uuid_from_int(1)].terminal_status is TerminalStatus.REJECTED
+        assert recs[uuid_from_int(1)].first_token_ms is None
+        assert recs[uuid_from_int(2)].terminal_status is TerminalStatus.COMPLETED
+
+
+# ---------------------------------------------------------------------------------------------
+# DRV-12..DRV-16: aggregated event loop
+# ---------------------------------------------------------------------------------------------
+
+
+def test_agg_round_robin_assigns_same_timestamp_requests_in_order():
+    """DRV-13 (port of agg.rs ..._round_robin_assigns_same_timestamp_requests_deterministically)."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=256), num_workers=3)
+    reqs = [_req(i, 32, 2, 0.0) for i in range(1, 8)]
+    _, _, recs = _run(setup, reqs)
+    assert [recs[uuid_from_int(i)].decode_worker_idx for i in range(1, 8)] == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_agg_worker_seconds_integrate_worker_count():
+    """DRV-15: every clock advance adds ``workers * dt / 1000``; prefill stays 0."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=256), num_workers=2)
+    _, summary, _ = _run(setup, [_req(1, 32, 4, 0.0), _req(2, 32, 4, 50.0)])
+    assert summary["prefill_worker_seconds"] == 0.0
+    assert summary["decode_worker_seconds"] == pytest.approx(2 * summary["duration_ms"] / 1000.0)
+
+
+def test_agg_multi_worker_concurrency_counts_worker_in_flight():
+    """DRV-2 (port of agg.rs test_multi_worker_concurrency_uses_worker_in_flight_for_cap_checks)."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=256), num_workers=2, replay_concurrency=2)
+    reqs = [attrs.evolve(_req(i, 32, 3, 0.0), arrival_timestamp_ms=None) for i in range(1, 5)]
+    _, _, recs = _run(setup, reqs)
+    arrivals = sorted(r.arrival_time_ms for r in recs.values())
+    assert arrivals[:2] == [0.0, 0.0] and arrivals[2] > 0.0
+
+
+def test_agg_same_timestamp_arrival_joins_next_pass():
+    """DRV-12: completions first, then arrivals at the same time, then new passes."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=256), num_workers=2)
+    col, _, recs = _run(setup, [_req(1, 32, 1, 0.0)])
+    end = recs[uuid_from_int(1)].last_token_ms
+    _, _, recs2 = _run(setup, [_req(1, 32, 1, 0.0), _req(2, 32, 1, end), _req(3, 32, 1, end)])
+    assert recs2[uuid_from_int(3)].first_admit_ms == end  # worker 0 is idle again at `end`
+
+
+# ---------------------------------------------------------------------------------------------
+# DIS: disaggregated runtime (ports of disagg_tests.rs, vLLM)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_disagg_trace_smoke_reports_decode_only_tokens():
+    """DIS-13 (port of test_trace_smoke_reports_decode_only_tokens): the prefill token is invisible."""
+    _, summary, recs = _run(_disagg(), [_req(1, 128, 3, 5.0)])
+    r = recs[uuid_from_int(1)]
+    assert r.arrival_time_ms == 0.0 and r.first_admit_ms is not None and r.first_token_ms is not None
+    assert r.output_length == 3
+    assert summary["completed_requests"] == 1 and summary["total_output_tokens"] == 3
+
+
+def test_disagg_prefill_and_decode_use_separate_pools_and_handoff_order():
+    """DIS-6/DIS-10 (port of test_prefill_and_decode_use_separate_worker_pools and
+    test_source_release_waits_for_destination_activation): both indices recorded, and the
+    recorded handoff times follow held <= reserved <= activated <= decode admit, release."""
+    _, _, recs = _run(_disagg(), [_req(1, 128, 2, 0.0), _req(2, 128, 2, 10.0)])
+    for i, w in ((1, 0), (2, 1)):
+        r = recs[uuid_from_int(i)]
+        assert r.prefill_worker_idx == w and r.decode_worker_idx == w
+        assert r.prefill_admit_ms <= r.source_held_ms <= r.destination_reserved_ms
+        assert r.destination_reserved_ms <= r.destination_activated_ms <= r.decode_admit_ms
+        assert r.destination_activated_ms <= r.source_released_ms
+        assert r.prefill_route_overlap_tokens == 0 and r.decode_route_overlap_tokens == 0
+
+
+def test_disagg_concurrency_backfill_waits_for_decode_completion():
+    """DIS-2 (port of test_concurrency_backfill_waits_for_decode_completion)."""
+    reqs = [attrs.evolve(_req(i, 128, 3, 0.0), arrival_timestamp_ms=None) for i in (1, 2)]
+    _, _, recs = _run(_disagg(replay_concurrency=1), reqs)
+    first, second = recs[uuid_from_int(1)], recs[uuid_from_int(2)]
+    assert first.arrival_time_ms == 0.0
+    assert second.arrival_time_ms == first.last_token_ms
+
+
+def test_disagg_transfer_delay_uses_prefill_args_only():
+    """DIS-9 / TIME-12: the transfer delay comes from the source (prefill) core's args."""
+    bw = dict(kv_transfer_bandwidth=1.0, kv_bytes_per_token=1_000_000)
+    _, _, with_delay = _run(_disagg(1, 1, prefill_kw=bw), [_req(1, 128, 2, 0.0)])
+    _, _, decode_only = _run(_disagg(1, 1, decode_kw=bw), [_req(1, 128, 2, 0.0)])
+    _, _, none = _run(_disagg(1, 1), [_req(1, 128, 2, 0.0)])
+    r = with_delay[uuid_from_int(1)]
+    assert r.destination_activated_ms == pytest.approx(r.destination_reserved_ms + 128.0)  # 128 tok * 1e6 B / 1 GB/s
+    assert decode_only[uuid_from_int(1)] == attrs.evolve(none[uuid_from_int(1)], uuid=none[uuid_from_int(1)].uuid)
+
+
+def test_disagg_destination_missing_mode_charges_transferable_tokens():
+    """DIS-9 (port of the transfer_timing_config cases): destination_missing counts the
+    destination's unpublished tokens, so a warm decode cache shortens the second transfer."""
+    bw = dict(kv_transfer_bandwidth=1.0, kv_bytes_per_token=1_000_000, kv_transfer_timing_mode="destination_missing")
+    _, _, recs = _run(_disagg(1, 1, prefill_kw=bw), [_req(1, 128, 2, 0.0, token=7), _req(2, 128, 2, 500.0, token=7)])
+    d1 = recs[uuid_from_int(1)].destination_activated_ms - recs[uuid_from_int(1)].destination_reserved_ms
+    d2 = recs[uuid_from_int(2)].destination_activated_ms - recs[uuid_from_int(2)].destination_reserved_ms
+    assert d1 == pytest.approx(128.0) and d2 < d1
+
+
+def test_disagg_prefill_rejection_fails_handoff_and_finishes_request():
+    """DIS-7/DIS-12: a rejected prefill records ``rejected`` and the handoff cleans up."""
+    setup = ReplaySetup(prefill_args=_staged("prefill", num_gpu_blocks=2), decode_args=_staged("decode"))
+    _, _, recs = _run(setup, [_req(1, 1000, 2, 0.0), _req(2, 64, 2, 0.0)])
+    assert recs[uuid_from_int(1)].terminal_status is TerminalStatus.REJECTED
+    assert recs[uuid_from_int(2)].terminal_status is TerminalStatus.COMPLETED
+
+
+# ---------------------------------------------------------------------------------------------
+# DIS-4..DIS-7: the coordinator
+# ---------------------------------------------------------------------------------------------
+
+_TIMING = HandoffTransferTiming(KvTransferTimingMode.FULL_PROMPT, 100, 1000, 1.0)
+
+
+def test_coordinator_source_first_success_path():
+    """DIS-4..DIS-6: SubmitPrefill, ReserveDestination, StartTransfer(delay), Activate, Release, Complete."""
+    c = new_coordinator(HandoffId("h"), HandoffOrder.SOURCE_FIRST)
+    c, (a,) = c.start()
+    assert a.kind is ActionKind.SUBMIT_PREFILL and c.start()[1] == ()
+    c, _ = c.on_action_outcome(a.id, Outcome.SUBMITTED)
+    c, (r,) = c.on_fact(SourceHeldFact(_TIMING))
+    assert r.kind is ActionKind.RESERVE_DESTINATION
+    c, _ = c.on_action_outcome(r.id, Outcome.ACCEPTED)
+    c, (t,) = c.on_fact(DestinationReservedFact(64))
+    assert t.kind is ActionKind.START_TRANSFER and t.delay_ms == pytest.approx(0.1)
+    c, _ = c.on_action_outcome(t.id, Outcome.SCHEDULED)
+    c, (act,) = c.on_fact(TransferCompletedFact())
+    c, (rel,) = c.on_action_outcome(act.id, Outcome.APPLIED)
+    assert rel.kind is ActionKind.RELEASE_SOURCE
+    c, (done,) = c.on_action_outcome(rel.id, Outcome.NOOP)
+    assert done.kind is ActionKind.COMPLETE and c.is_complete and c.completion.value == "success"
+
+
+def test_coordinator_destination_first_and_cleanup():
+    """DIS-4/DIS-7: SGLang order reserves first; a failure cancels every issued side, then completes."""
+    c = new_coordinator(HandoffId("h"), HandoffOrder.DESTINATION_FIRST)
+    c, (r,) = c.start()
+    assert r.kind is ActionKind.RESERVE_DESTINATION
+    c, _ = c.on_action_outcome(r.id, Outcome.ACCEPTED)
+    c, (s,) = c.on_fact(DestinationReservedFact(64))
+    assert s.kind is ActionKind.SUBMIT_PREFILL
+    c, _ = c.on_action_outcome(s.id, Outcome.SUBMITTED)
+    c, cancels = c.on_fact(FailedFact())
+    assert [a.kind for a in cancels] == [ActionKind.CANCEL_SOURCE, ActionKind.CANCEL_DESTINATION]
+    c, none = c.on_action_outcome(cancels[0].id, Outcome.APPLIED)
+    assert none == ()
+    c, (done,) = c.on_action_outcome(cancels[1].id, Outcome.NOOP)
+    assert done.kind is ActionKind.COMPLETE and c.completion.value == "canceled"
+
+
+def test_coordinator_rejects_out_of_order_facts_and_conflicting_outcomes():
+    """DIS-5: a hold before submission is acknowledged, or two outcomes for one action, are errors."""
+    c = new_coordinator(HandoffId("h"), HandoffOrder.SOURCE_FIRST)
+    c, (a,) = c.start()
+    with pytest.raises(InternalInvariantBroken, match="before prefill submission"):
+        c.on_fact(SourceHeldFact(_TIMING))
+    c, _ = c.on_action_outcome(a.id, Outcome.SUBMITTED)
+    with pytest.raises(InternalInvariantBroken, match="conflicting outcome"):
+        c.on_action_outcome(a.id, Failed("x"))
+
+
+# ---------------------------------------------------------------------------------------------
+# LIVE: livelocks where upstream spins forever, dead ends where it bails
+# ---------------------------------------------------------------------------------------------
+
+
+def _small_disagg(decode_blocks=2, **decode_kw):
+    p = _args(num_gpu_blocks=64, block_size=16, worker_type="prefill")
+    d = _args(num_gpu_blocks=decode_blocks, block_size=16, worker_type="decode", **decode_kw)
+    return ReplaySetup(prefill_args=p, decode_args=d)
+
+
+@pytest.mark.parametrize("n, expected", [(2, "ok"), (3, "ok"), (4, "ok"), (5, "dead:3"), (6, "livelock")])
+def test_small_disagg_head_of_line_outcomes(n, expected):
+    """LIVE-5 / DIS-15: ISL 16, OSL 2, decode N=2, 1 ms apart -- the outcomes checked against the
+    compiled build: 2-4 complete, 5 is a dead end with 3 in flight, 6 spins (here: a livelock)."""
+    wl = synthetic_replay_workload(16, 16, 2, n, 1.0)
+    try:
+        run_replay(_small_disagg(), wl)
+        got = "ok"
+    except ReplayDeadEnd as exc:
+        assert str(exc) == f"offline disagg replay reached a dead end with {exc.in_flight} in-flight requests remaining"
+        got = f"dead:{exc.in_flight}"
+    except ReplayLivelock as exc:
+        d = exc.diagnosis
+        assert d.proven and d.stage == "decode" and d.cycle_passes == 1 and d.admitted
+        got = "livelock"
+    assert got == expected
+
+
+def test_small_disagg_one_seq_dead_end_with_five_in_flight():
+    """LIVE-5: the same 6-request run with decode max_num_seqs=1 ends in a dead end with 5 in flight."""
+    with pytest.raises(ReplayDeadEnd) as exc:
+        run_replay(_small_disagg(max_num_seqs=1), synthetic_replay_workload(16, 16, 2, 6, 1.0))
+    assert exc.value.in_flight == 5
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_agg_sequence_outgrowing_pool_is_a_livelock(workers):
+    """LIVE-5: aggregated N=3, B=16, ISL 32, OSL 40 spins upstream with 1 and 2 workers."""
+    setup = ReplaySetup(engine_args=_args(num_gpu_blocks=3, block_size=16), num_workers=workers)
+    with pytest.raises(ReplayLivelock) as exc:
+        run_replay(setup, FlatWorkload((_req(1, 32, 40, 0.0),)))
+    d = exc.value.diagnosis
+    assert d.proven and d.runtime == ("single" if workers == 1 else "agg")
+    assert d.admitted == (uuid_from_int(1),)
+
+
+def test_decode_pool_exact_fit_is_a_livelock():
+    """LIVE-5: decode N=1, ISL 16 = B, OSL 2 spins upstream."""
+    with pytest.raises(ReplayLivelock):
+        run_replay(_small_disagg(decode_blocks=1), synthetic_replay_workload(16, 16, 2, 1, 1.0))
+
+
+def test_canonical_state_ignores_counters_but_not_queues():
+    """LIVE-2: the capacity generation, LRU ticks and preemption counters are abstracted;
+    the queues are not."""
+    core = C.new_core(_args(num_gpu_blocks=8, block_size=16))
+    bumped = attrs.evolve(core, ledger=core.ledger.bump_generation(), preemptions_total=5)
+    assert canonical_state(core) == canonical_state(bumped)
+    from model.protocol import DirectRequest, Submit
+
+    other, _ = C.apply_command(core, Submit(DirectRequest((1,) * 16, 2, "r")))
+    assert canonical_state(core) != canonical_state(other)
+
+
+def test_livelock_acceptance_cli_exits_4_quickly(tmp_path):
+    """LIVE-1/LIVE-3: the reported 64/8/20 run (the compiled 1.3.0.post1 spins forever on it)
+    exits 4 with a diagnosis in well under 5 s, and writes nothing."""
+    summary = tmp_path / "summary.json"
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mocker_spec.cli", "replay", "--input-tokens", "64", "--output-tokens", "8",
+         "--num-requests", "20", "--arrival-interval-ms", "5",
+         "--prefill-engine-args", '{"num_gpu_blocks":64,"block_size":16,"worker_type":"prefill"}',
+         "--decode-engine-args", '{"num_gpu_blocks":32,"block_size":16,"worker_type":"decode"}',
+         "--summary-json", str(summary)],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )
+    elapsed = time.perf_counter() - t0
+    assert proc.returncode == 4, proc.stderr
+    assert "livelock" in proc.stderr and "repeats the same zero-duration pass" in proc.stderr
+    assert "requests in flight: 20" in proc.stderr
+    assert not summary.exists()
+    assert elapsed < 5.0
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI: replay, diff, bad input
+# ---------------------------------------------------------------------------------------------
+
+CASE = GOLDENS / "case-1-035"
+
+
+def _case_flags(case_dir):
+    case = json.loads((case_dir / "case.json").read_text())
+    return [str(case_dir / "trace.jsonl"), "--extra-engine-args", json.dumps(case["engine_args"]),
+            "--num-workers", str(case["num_workers"]), "--trace-block-size", str(case["trace_block_size"])]
+
+
+def test_cli_replay_writes_report_and_summary(tmp_path, capsys):
+    rep, summ = tmp_path / "r.jsonl", tmp_path / "s.json"
+    rc = cli.main(["replay", *_case_flags(CASE), "--report-jsonl", str(rep), "--summary-json", str(summ)])
+    assert rc == 0
+    rows = [json.loads(l) for l in rep.read_text().splitlines()]
+    assert len(rows) == len((CASE / "expected.report.jsonl").read_text().splitlines())
+    expected = json.loads((CASE / "expected.summary.json").read_text())
+    got = json.loads(summ.read_text())
+    assert got["completed_requests"] == expected["completed_requests"]
+    assert got["duration_ms"] == expected["duration_ms"]
+    assert "mocker-spec replay" in capsys.readouterr().out
+
+
+def test_cli_engine_args_from_file(tmp_path):
+    case = json.loads((CASE / "case.json").read_text())
+    f = tmp_path / "args.json"
+    f.write_text(json.dumps(case["engine_args"]))
+    flags = _case_flags(CASE)
+    flags[2] = str(f)
+    assert cli.main(["replay", *flags]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--extra-engine-args", '{"num_gpu_blocks": -1}'], "num_gpu_blocks"),
+        (["--extra-engine-args", "{not json"], "--extra-engine-args"),
+        (["--extra-engine-args", "/nonexistent/args.json"], "--extra-engine-args"),
+        (["--router-mode", "kv_router", "--num-workers", "2"], "not supported yet"),
+        (["--arrival-speedup-ratio", "0"], "--arrival-speedup-ratio"),
+        (["--trace-block-size", "0"], "--trace-block-size"),
+        (["--replay-concurrency", "0"], "--replay-concurrency"),
+        (["--num-prefill-workers", "2"], "num_prefill_workers"),
+        (["--prefill-engine-args", '{"worker_type":"prefill"}'], "--decode-engine-args"),
+    ],
+)
+def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, needle):
+    rep, summ = tmp_path / "r.jsonl", tmp_path / "s.json"
+    flags = [str(CASE / "trace.jsonl"), *argv, "--report-jsonl", str(rep), "--summary-json", str(summ)]
+    assert cli.main(["replay", *flags]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1
+    assert not rep.exists() and not summ.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_bad_trace_row_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "hash_ids": [1]}\n')
+    summ = tmp_path / "s.json"
+    assert cli.main(["replay", str(bad), "--summary-json", str(summ)]) == 2
+    assert "output_length" in capsys.readouterr().err
+    assert not summ.exists()
+
+
+def test_cli_dead_end_exits_3(tmp_path, capsys):
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"timestamp": 0, "input_length": 16, "output_length": 0, "hash_ids": [1]}\n')
+    assert cli.main(["replay", str(t), "--trace-block-size", "16", "--extra-engine-args", '{"block_size":16}']) == 3
+    assert "dead end with 1 in-flight" in capsys.readouterr().err
+
+
+def test_cli_diff_corpus_goldens(capsys):
+    rc = cli.main(["diff", "--corpus", str(GOLDENS)])
+    out = capsys.readouterr().out
+    n = len(case_dirs(GOLDENS))
+    if _sglang_available():
+        assert rc == 0 and f"{n}/{n} identical" in out
+    else:
+        sgl = sum(_engine_of(d) == "sglang" for d in case_dirs(GOLDENS))
+        assert f"{n - sgl}/{n} identical" in out
+
+
+def test_cli_diff_reports_reference_hang_and_missing_wheel(monkeypatch, capsys):
+    """The live diff runs the reference in a subprocess; a hang is reported as such."""
+    import mocker_spec.reference as ref
+
+    monkeypatch.setattr(ref, "_REFERENCE_SCRIPT", "import time\ntime.sleep(30)\n")
+    out = ref.run_reference({"mode": "agg", "synthetic": {}}, timeout_s=0.5)
+    assert out.status == "timeout" and "hangs" in out.message
+    ours = ref.Outcome("livelock", "livelock: ...")
+    assert ref.compare(ours, out) is None
+    assert ref.compare(ref.Outcome("ok", "", {}, []), out).where == "status"
+
+
+def test_compare_reports_first_divergent_field():
+    from mocker_spec.reference import Outcome, compare
+
+    row = {"uuid": "a", "arrival_time_ms": 0.0, "input_length": 4, "output_length": 2, "ttft_ms": 1.0}
+    div = compare(Outcome("ok", "", {}, [dict(row, ttft_ms=1.5)]), Outcome("ok", "", {}, [dict(row, uuid="b")]))
+    assert div.where == "record" and div.field == "ttft_ms" and div.ours == 1.5 and div.reference == 1.0
+    assert compare(Outcome("ok", "", {}, [dict(row, ttft_ms=1.0 + 1e-15)]), Outcome("ok", "", {}, [row])) is None
