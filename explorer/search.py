@@ -1,0 +1,538 @@
+"""Breadth-first exploration with parent pointers, and the checks (spec/model-checking.md MC-20..MC-35).
+
+:func:`explore` is the entry point: it explores every state reachable from the
+empty core under the scenario's alphabet (up to its bounds), checks the state
+and transition properties on the way, then runs the cycle analyses (deadlock,
+livelock, starvation) on the explored graph.  Counterexamples are shortest:
+BFS discovers every node along a shortest path, so the parent pointers give a
+shortest prefix, and cycles are closed by shortest paths inside their strongly
+connected component.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import attrs
+import networkx as nx
+
+from model import core as C
+
+from . import properties as P
+from .actions import Outcome, fire, guard_holds
+from .canon import Symmetry, node_key, symmetry_for
+from .scenario import Scenario
+
+
+@attrs.define
+class Edge:
+    """One explored transition; ``dst`` is -1 when the action raised an internal error."""
+
+    src: int
+    dst: int
+    action: int
+    outcome: Outcome
+
+    @property
+    def self_loop(self) -> bool:
+        return self.src == self.dst
+
+
+@attrs.define
+class Violation:
+    """MC-21: one property violation with its shortest counterexample.
+
+    ``prefix`` are the edges from the initial state to ``node``; ``edge`` is the
+    violating transition (transition properties); ``cycle`` is the loop of a
+    lasso (liveness properties), starting and ending at the last state of
+    ``prefix``.
+    """
+
+    kind: str
+    name: str
+    message: str
+    node: int
+    prefix: List[int]
+    edge: Optional[int] = None
+    cycle: List[int] = attrs.Factory(list)
+    occurrences: int = 1
+
+    def steps(self) -> List[int]:
+        out = list(self.prefix)
+        if self.edge is not None:
+            out.append(self.edge)
+        out.extend(self.cycle)
+        return out
+
+    @property
+    def length(self) -> int:
+        return len(self.steps())
+
+    @property
+    def loop_index(self) -> Optional[int]:
+        """ITF ``loop``: index of the state where the cycle starts (None for finite traces)."""
+        return len(self.prefix) if self.cycle else None
+
+
+@attrs.define
+class Coverage:
+    """MC-22: per action: times enabled, times fired without rejection, new states found."""
+
+    enabled: int = 0
+    fired: int = 0
+    rejected: int = 0
+    new_states: int = 0
+
+
+@attrs.define
+class Exploration:
+    """The explored graph, the coverage, the violations and the run figures."""
+
+    scenario: Scenario
+    symmetry: Optional[Symmetry]
+    parent_edge: List[int]
+    depth: List[int]
+    fired: List[int]
+    drained: List[bool]
+    views: List[tuple]
+    edges: List[Edge]
+    coverage: List[Coverage]
+    violations: List[Violation]
+    complete: bool
+    truncated_by: Optional[str]
+    elapsed_s: float
+    bytes_per_state: Optional[float]
+    liveness_checked: bool
+    liveness_states: Optional[int] = None
+
+    @property
+    def num_states(self) -> int:
+        return len(self.depth)
+
+    @property
+    def num_transitions(self) -> int:
+        return len(self.edges)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth) if self.depth else 0
+
+    @property
+    def states_per_s(self) -> float:
+        return self.num_states / self.elapsed_s if self.elapsed_s > 0 else float("inf")
+
+    def path_to(self, node: int) -> List[int]:
+        out = []
+        while node != 0:
+            e = self.parent_edge[node]
+            out.append(e)
+            node = self.edges[e].src
+        out.reverse()
+        return out
+
+    def violation(self, kind: str) -> Optional[Violation]:
+        found = [v for v in self.violations if v.kind == kind]
+        return min(found, key=lambda v: v.length) if found else None
+
+    @property
+    def clean(self) -> bool:
+        return not self.violations
+
+
+def _rss_bytes() -> Optional[int]:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - non-Linux
+        return None
+
+
+def _view(scenario: Scenario, core, fired: int, once_index: Dict[str, int]) -> tuple:
+    """MC-40: the per-node view kept for labels, quotients and ITF (phases per handoff, queues)."""
+    phases = []
+    for r in scenario.requests:
+        if r.role == "plain":
+            issued = bool(fired >> once_index[f"submit({r.id})"] & 1)
+            phases.append((r.id, P.request_phase(core, r.id, issued)))
+        elif r.role == "source":
+            issued = bool(fired >> once_index[f"submit_prefill({r.handoff},{r.id})"] & 1)
+            phases.append((r.handoff, P.source_phase(core, r.handoff, r.id, issued)))
+        else:
+            issued = bool(fired >> once_index[f"reserve({r.handoff},{r.id})"] & 1)
+            phases.append((r.handoff, P.destination_phase(core, r.handoff, r.id, issued)))
+    waiting, running = P.queue_view(core)
+    return (tuple(phases), waiting, running, P.free_units(core))
+
+
+def explore(
+    scenario: Scenario,
+    *,
+    max_states: Optional[int] = None,
+    max_depth: Optional[int] = None,
+    symmetry: Optional[bool] = None,
+    progress: bool = False,
+    stop_at_first: bool = False,
+    stop_on: Optional[str] = None,
+) -> Exploration:
+    """MC-20: explore the scenario; with symmetry (MC-4) the safety checks run on the reduced graph
+    and the liveness checks on a second, unreduced exploration (MC-25).
+
+    ``stop_at_first`` ends the search at the first safety violation, ``stop_on`` at the first one of
+    that kind (the counterexample is still shortest: BFS finds violations in order of depth); the
+    exploration is then incomplete and the liveness checks are skipped."""
+    use_sym = scenario.symmetry if symmetry is None else symmetry
+    sym = symmetry_for(scenario) if use_sym else None
+    liveness = any(c in scenario.checks for c in ("deadlock", "livelock", "starvation"))
+    stop = (lambda vs: bool(vs)) if stop_at_first else None
+    if stop_on is not None:
+        stop = lambda vs: any(v.kind == stop_on for v in vs)  # noqa: E731
+    if sym is None:
+        return _run(scenario, None, max_states, max_depth, progress, stop, safety=True, liveness=liveness)
+    reduced = _run(scenario, sym, max_states, max_depth, progress, stop, safety=True, liveness=False)
+    if liveness and reduced.truncated_by != "stop":
+        full = _run(scenario, None, max_states, max_depth, progress, None, safety=False, liveness=True)
+        for v in full.violations:
+            reduced.violations.append(_transplant(v, full, reduced))
+        reduced.liveness_checked = full.liveness_checked
+        reduced.liveness_states = full.num_states
+        reduced.elapsed_s += full.elapsed_s
+        reduced._liveness_graph = full  # type: ignore[attr-defined]
+    return reduced
+
+
+def _transplant(v: Violation, src: Exploration, dst: Exploration) -> Violation:
+    """Liveness counterexamples of the unreduced run are reported with that run's graph."""
+    v = attrs.evolve(v)
+    v.message = v.message + " (unreduced graph)"
+    v._graph = src  # type: ignore[attr-defined]
+    return v
+
+
+def graph_of(v: Violation, exploration: Exploration) -> Exploration:
+    """The exploration whose node and edge numbers ``v`` uses."""
+    return getattr(v, "_graph", exploration)
+
+
+def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, liveness: bool) -> Exploration:
+    max_states = scenario.max_states if max_states is None else max_states
+    max_depth = scenario.max_depth if max_depth is None else max_depth
+    checks = set(scenario.checks)
+    actions = scenario.actions
+    now = scenario.now_ms
+    once_index = {a.name: i for i, a in enumerate(actions) if a.once}
+    coverage = [Coverage() for _ in actions]
+    t0 = time.perf_counter()
+    rss0 = _rss_bytes()
+
+    core0 = C.new_core(scenario.args)
+    key0 = node_key(core0, 0, sym)
+    ids: Dict[object, int] = {key0: 0}
+    keys: List[object] = [key0]
+    parent_edge = [-1]
+    depth = [0]
+    fired_of = [0]
+    drained = [C.is_drained(core0)]
+    views = [_view(scenario, core0, 0, once_index)]
+    edges: List[Edge] = []
+    violations: List[Violation] = []
+    seen_kinds: Dict[Tuple[str, str], Violation] = {}
+    expanded = [False]
+    frontier = deque([(0, core0)])
+    truncated_by = None
+
+    def report(kind, name, message, node, edge=None):
+        k = (kind, name)
+        if k in seen_kinds:
+            seen_kinds[k].occurrences += 1
+            return
+        prefix = _path(parent_edge, edges, node)
+        v = Violation(kind, name, message, node, prefix, edge)
+        seen_kinds[k] = v
+        violations.append(v)
+
+    def check_state(node, core):
+        if not safety:
+            return
+        if "invariants" in checks:
+            for name, msg in P.registered_invariants(core):
+                report("invariant", name, msg, node)
+        if "fifo_order" in checks:
+            msg = P.fifo_acceptance_order(core)
+            if msg:
+                report("fifo_order", "fifo_acceptance_order", msg, node)
+        if "drained_pool_free" in checks:
+            msg = P.drained_pool_free(core)
+            if msg:
+                report("drained_pool_free", "drained_pool_free", msg, node)
+
+    check_state(0, core0)
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("[bold]explore[/] {task.description}"), BarColumn(),
+                       TextColumn("{task.completed} states, {task.fields[rate]:.0f}/s"), TimeElapsedColumn(),
+                       transient=True)
+        task = bar.add_task(scenario.name, total=max_states, rate=0.0)
+        bar.start()
+    try:
+        while frontier:
+            if stop is not None and stop(violations):
+                truncated_by = "stop"
+                break
+            nid, core = frontier.popleft()
+            if depth[nid] >= max_depth:
+                truncated_by = truncated_by or "max_depth"
+                continue
+            expanded[nid] = True
+            fired = fired_of[nid]
+            for i, spec in enumerate(actions):
+                if spec.once and fired >> i & 1:
+                    continue
+                if spec.guard != "always" and not guard_holds(core, spec):
+                    continue
+                cov = coverage[i]
+                cov.enabled += 1
+                new, out = fire(core, spec, now)
+                fired2 = fired | (1 << i) if spec.once else fired
+                eidx = len(edges)
+                if out.internal_error is not None:
+                    edges.append(Edge(nid, -1, i, out))
+                    if safety:
+                        report("internal_error", spec.kind, out.internal_error, nid, eidx)
+                    continue
+                if out.rejected is not None:
+                    cov.rejected += 1
+                    if safety and "transitions" in checks and node_key(core, fired, sym) != keys[nid]:
+                        report("rejected_changed_state", spec.kind,
+                               f"{spec.name} was rejected ({out.rejected}) but the core changed", nid, eidx)
+                else:
+                    cov.fired += 1
+                key = node_key(new, fired2, sym)
+                dst = ids.get(key)
+                if dst is None:
+                    if len(keys) >= max_states:
+                        truncated_by = "max_states"
+                        edges.append(Edge(nid, -1, i, out))
+                        continue
+                    dst = len(keys)
+                    ids[key] = dst
+                    keys.append(key)
+                    parent_edge.append(eidx)
+                    depth.append(depth[nid] + 1)
+                    fired_of.append(fired2)
+                    drained.append(C.is_drained(new))
+                    views.append(_view(scenario, new, fired2, once_index))
+                    expanded.append(False)
+                    cov.new_states += 1
+                    frontier.append((dst, new))
+                    edges.append(Edge(nid, dst, i, out))
+                    check_state(dst, new)
+                else:
+                    edges.append(Edge(nid, dst, i, out))
+                if safety and "transitions" in checks and spec.kind == "pass":
+                    if out.end_ms < out.now_ms:
+                        report("time_went_backwards", "pass", f"end_ms {out.end_ms} < now_ms {out.now_ms}", nid, eidx)
+                    if out.progress and dst == nid:
+                        report("progress_without_change", "pass",
+                               f"a pass reported progress ({out.label}) but the state did not change", nid, eidx)
+            if bar is not None and len(keys) % 200 < len(actions):
+                el = time.perf_counter() - t0
+                bar.update(task, completed=len(keys), rate=len(keys) / el if el else 0.0)
+    finally:
+        if bar is not None:
+            bar.stop()
+    complete = not frontier and truncated_by is None
+    elapsed = time.perf_counter() - t0
+    rss1 = _rss_bytes()
+    bpp = None if rss0 is None or rss1 is None else max(rss1 - rss0, 0) / max(len(keys), 1)
+    exp = Exploration(scenario, sym, parent_edge, depth, fired_of, drained, views, edges, coverage, violations,
+                      complete, truncated_by, elapsed, bpp, False)
+    if liveness and complete and sym is None:
+        _liveness(exp, checks)
+        exp.liveness_checked = True
+        exp.elapsed_s = time.perf_counter() - t0
+    return exp
+
+
+def _path(parent_edge, edges, node) -> List[int]:
+    out = []
+    while node != 0:
+        e = parent_edge[node]
+        out.append(e)
+        node = edges[e].src
+    out.reverse()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Liveness (MC-30..MC-33): always on the unreduced, complete graph
+# ---------------------------------------------------------------------------------------------
+
+
+def _bfs_dist(start: int, succ, allowed) -> Tuple[Dict[int, int], Dict[int, Tuple[int, int]]]:
+    """Shortest distances from ``start`` inside ``allowed`` over ``succ[n] = [(edge, dst)]``."""
+    dist = {start: 0}
+    via: Dict[int, Tuple[int, int]] = {}
+    q = deque([start])
+    while q:
+        n = q.popleft()
+        for e, d in succ.get(n, ()):
+            if d in allowed and d not in dist:
+                dist[d] = dist[n] + 1
+                via[d] = (n, e)
+                q.append(d)
+    return dist, via
+
+
+def _walk(via, start, end) -> List[int]:
+    out = []
+    n = end
+    while n != start:
+        p, e = via[n]
+        out.append(e)
+        n = p
+    out.reverse()
+    return out
+
+
+def _shortest_cycle_through(entry: int, comp: set, succ, edges: List[Edge], want) -> Optional[List[int]]:
+    """MC-33: the shortest cycle from ``entry`` back to ``entry`` inside ``comp`` that uses at least
+    one edge satisfying ``want`` (any edge when ``want`` is None)."""
+    dist, via = _bfs_dist(entry, succ, comp)
+    # distances to ``entry`` over reversed edges, with the next edge towards it
+    pred: Dict[int, List[Tuple[int, int]]] = {}
+    for u in comp:
+        for e, v in succ.get(u, ()):
+            if v in comp:
+                pred.setdefault(v, []).append((e, u))
+    back = {entry: 0}
+    nxt: Dict[int, Tuple[int, int]] = {}
+    q = deque([entry])
+    while q:
+        x = q.popleft()
+        for e, u in pred.get(x, ()):
+            if u not in back:
+                back[u] = back[x] + 1
+                nxt[u] = (e, x)
+                q.append(u)
+    best = None
+    for u in comp:
+        if u not in dist:
+            continue
+        for e, v in succ.get(u, ()):
+            if v not in comp or v not in back or (want is not None and not want(edges[e])):
+                continue
+            total = dist[u] + 1 + back[v]
+            if best is None or total < best[0]:
+                best = (total, u, e, v)
+    if best is None:
+        return None
+    _, u, e, v = best
+    out = _walk(via, entry, u) + [e]
+    while v != entry:
+        e2, v = nxt[v]
+        out.append(e2)
+    return out
+
+
+def _liveness(exp: Exploration, checks: set) -> None:
+    edges = exp.edges
+    actions = exp.scenario.actions
+    n = exp.num_states
+    coop_succ: Dict[int, List[Tuple[int, int]]] = {}
+    for idx, e in enumerate(edges):
+        if e.dst < 0 or not actions[e.action].cooperative:
+            continue
+        coop_succ.setdefault(e.src, []).append((idx, e.dst))
+
+    # MC-30 deadlock: not drained; every enabled cooperative action is a self-loop reporting no progress
+    if "deadlock" in checks:
+        best = None
+        count = 0
+        for node in range(n):
+            if exp.drained[node]:
+                continue
+            out = coop_succ.get(node, ())
+            if all(d == node and not edges[e].outcome.progress for e, d in out):
+                count += 1
+                if best is None or exp.depth[node] < exp.depth[best]:
+                    best = node
+        if best is not None:
+            v = Violation("deadlock", "deadlock", _stuck_message(exp, best), best, exp.path_to(best),
+                          occurrences=count)
+            exp.violations.append(v)
+
+    # MC-31 livelock: a cycle of zero-time cooperative transitions with a progress report
+    if "livelock" in checks:
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        zsucc: Dict[int, List[Tuple[int, int]]] = {}
+        for src, lst in coop_succ.items():
+            for e, d in lst:
+                if edges[e].outcome.zero_time:
+                    g.add_edge(src, d)
+                    zsucc.setdefault(src, []).append((e, d))
+        best = None
+        count = 0
+        for comp in nx.strongly_connected_components(g):
+            if len(comp) == 1:
+                (only,) = comp
+                if not g.has_edge(only, only):
+                    continue
+            has_prog = any(edges[e].outcome.progress and d in comp for u in comp for e, d in zsucc.get(u, ()))
+            if not has_prog:
+                continue
+            count += 1
+            entry = min(comp, key=lambda x: (exp.depth[x], x))
+            cyc = _shortest_cycle_through(entry, comp, zsucc, edges, lambda ed: ed.outcome.progress)
+            if cyc is None:  # pragma: no cover - a progress edge inside an SCC always closes
+                continue
+            cand = (exp.depth[entry] + len(cyc), entry, cyc)
+            if best is None or cand[0] < best[0]:
+                best = cand
+        if best is not None:
+            _, entry, cyc = best
+            exp.violations.append(Violation(
+                "livelock", "livelock",
+                "a cycle of cooperative zero-time transitions reports progress forever: " + _stuck_message(exp, entry),
+                entry, exp.path_to(entry), cycle=cyc, occurrences=count))
+
+    # MC-32 starvation: a bottom SCC of the cooperative graph that holds an unfinished request
+    if "starvation" in checks:
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        for src, lst in coop_succ.items():
+            for _e, d in lst:
+                g.add_edge(src, d)
+        best = None
+        count = 0
+        for comp in nx.strongly_connected_components(g):
+            bottom = all(d in comp for u in comp for _e, d in coop_succ.get(u, ()))
+            if not bottom or all(exp.drained[x] for x in comp):
+                continue
+            count += 1
+            entry = min(comp, key=lambda x: (exp.depth[x], x))
+            cyc = _shortest_cycle_through(entry, comp, coop_succ, edges, None) or []
+            cand = (exp.depth[entry] + len(cyc), entry, cyc)
+            if best is None or cand[0] < best[0]:
+                best = cand
+        if best is not None:
+            _, entry, cyc = best
+            exp.violations.append(Violation(
+                "starvation", "starvation",
+                "every cooperative continuation stays in a set of states with unfinished work: "
+                + _stuck_message(exp, entry),
+                entry, exp.path_to(entry), cycle=cyc, occurrences=count))
+
+
+def _stuck_message(exp: Exploration, node: int) -> str:
+    phases, waiting, running, free = exp.views[node]
+    parts = [f"waiting [{', '.join(waiting)}]", f"running [{', '.join(running)}]"]
+    if free is not None:
+        parts.append(f"free {free}")
+    parts.extend(f"{h}={p}" for h, p in phases)
+    return "; ".join(parts)
