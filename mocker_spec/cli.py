@@ -358,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="compare every case directory under this path with its recorded outputs")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_diff, report_jsonl=None)
+    from .explore_cli import add_explore_parser
+    add_explore_parser(sub)
     return parser
 
 

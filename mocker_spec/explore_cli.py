@@ -1,0 +1,55 @@
+"""``mocker-spec explore``: exhaustive exploration of a handoff scenario (spec/model-checking.md MC-50).
+
+Exit status: 0 no violation, 1 a violation was found, 2 the scenario is invalid.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+
+FORMATS = ("dot", "graphml", "json", "itf", "mermaid")
+
+
+def cmd_explore(args: argparse.Namespace, console: Console) -> int:
+    """MC-50: explore SCENARIO; print the summary and each violation's shortest counterexample."""
+    from explorer import ScenarioError, explore, load_scenario
+    from explorer import outputs
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as err:
+        console.print(f"[red]bad scenario[/]: {err}", highlight=False, soft_wrap=True)
+        return 2
+    formats = [f.strip() for f in (args.format or "").split(",") if f.strip()]
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        console.print(f"[red]unknown format(s)[/]: {', '.join(unknown)} (choose from {', '.join(FORMATS)})")
+        return 2
+    exp = explore(
+        scenario,
+        max_states=args.max_states,
+        symmetry=args.symmetry,
+        progress=not args.no_progress and console.is_terminal,
+    )
+    outputs.print_report(exp, console)
+    if args.out:
+        written = outputs.write_outputs(exp, args.out, formats or list(FORMATS))
+        for path in written:
+            console.print(f"wrote {path}", highlight=False)
+    return 1 if exp.violations else 0
+
+
+def add_explore_parser(sub) -> None:
+    """Register the ``explore`` subcommand on the CLI's subparsers."""
+    p = sub.add_parser("explore", help="explore every reachable state of a handoff scenario (model checking)")
+    p.add_argument("scenario", help="scenario file (.json or .toml; spec/scenarios.md)")
+    p.add_argument("--max-states", type=int, help="stop after this many distinct states (default: the scenario's bound)")
+    p.add_argument("--symmetry", action=argparse.BooleanOptionalAction, default=None,
+                   help="reduce interchangeable request ids (safety checks only; default: the scenario's setting)")
+    p.add_argument("--out", help="write counterexamples, exports and the summary into this directory")
+    p.add_argument("--format", default=",".join(FORMATS),
+                   help=f"comma-separated export formats ({', '.join(FORMATS)}); default all")
+    p.add_argument("--no-progress", action="store_true", help="never show the progress bar")
+    p.set_defaults(func=cmd_explore)
