@@ -69,6 +69,8 @@ def _check(case_dir: pathlib.Path) -> None:
 
 @pytest.mark.parametrize("case_dir", case_dirs(GOLDENS), ids=lambda p: p.name)
 def test_golden_refcase_matches_reference(case_dir):
+    """End-to-end parity: exercises DRV-4, DRV-5, DRV-7, DRV-12, DRV-14, DRV-15, DIS-8, DIS-11,
+    DIS-13 and DIS-14 on every case."""
     _check(case_dir)
 
 
@@ -178,7 +180,7 @@ def test_single_runtime_leaves_decode_worker_null_and_uses_static_worker_seconds
 
 
 def test_single_runtime_zero_output_is_a_dead_end():
-    """DRV-11: an ``output_length: 0`` row never completes -> dead end after 1024 idle passes."""
+    """DRV-8/DRV-11: an ``output_length: 0`` row never completes -> dead end after 1024 idle passes."""
     setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=64))
     with pytest.raises(ReplayDeadEnd) as exc:
         _run(setup, [_req(1, 32, 0, 0.0)])
@@ -199,7 +201,7 @@ def test_single_concurrency_arrival_is_release_time():
 
 
 def test_trtllm_oversized_request_rejected_unblocks_follower():
-    """DRV-10 (port of agg.rs trtllm_oversized_request_rejected_unblocks_follower_agg): the
+    """DRV-10/DRV-14 (port of agg.rs trtllm_oversized_request_rejected_unblocks_follower_agg): the
     rejected request gets terminal status rejected and the next one completes."""
     args = _args(engine_type="trtllm", block_size=16, num_gpu_blocks=4, max_num_seqs=4)
     for workers in (1, 2):
@@ -216,7 +218,7 @@ def test_trtllm_oversized_request_rejected_unblocks_follower():
 
 
 def test_agg_round_robin_assigns_same_timestamp_requests_in_order():
-    """DRV-13 (port of agg.rs ..._round_robin_assigns_same_timestamp_requests_deterministically)."""
+    """DRV-5/DRV-13 (port of agg.rs ..._round_robin_assigns_same_timestamp_requests_deterministically)."""
     setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=256), num_workers=3)
     reqs = [_req(i, 32, 2, 0.0) for i in range(1, 8)]
     _, _, recs = _run(setup, reqs)
@@ -255,7 +257,8 @@ def test_agg_same_timestamp_arrival_joins_next_pass():
 
 
 def test_disagg_trace_smoke_reports_decode_only_tokens():
-    """DIS-13 (port of test_trace_smoke_reports_decode_only_tokens): the prefill token is invisible."""
+    """DIS-3/DIS-13 (port of test_trace_smoke_reports_decode_only_tokens): the prefill copy emits one
+    hidden token; all three visible tokens come from decode."""
     _, summary, recs = _run(_disagg(), [_req(1, 128, 3, 5.0)])
     r = recs[uuid_from_int(1)]
     assert r.arrival_time_ms == 0.0 and r.first_admit_ms is not None and r.first_token_ms is not None
@@ -264,7 +267,7 @@ def test_disagg_trace_smoke_reports_decode_only_tokens():
 
 
 def test_disagg_prefill_and_decode_use_separate_pools_and_handoff_order():
-    """DIS-6/DIS-10 (port of test_prefill_and_decode_use_separate_worker_pools and
+    """DIS-6/DIS-10/DIS-11/DIS-14 (port of test_prefill_and_decode_use_separate_worker_pools and
     test_source_release_waits_for_destination_activation): both indices recorded, and the
     recorded handoff times follow held <= reserved <= activated <= decode admit, release."""
     _, _, recs = _run(_disagg(), [_req(1, 128, 2, 0.0), _req(2, 128, 2, 10.0)])
@@ -305,6 +308,27 @@ def test_disagg_destination_missing_mode_charges_transferable_tokens():
     d1 = recs[uuid_from_int(1)].destination_activated_ms - recs[uuid_from_int(1)].destination_reserved_ms
     d2 = recs[uuid_from_int(2)].destination_activated_ms - recs[uuid_from_int(2)].destination_reserved_ms
     assert d1 == pytest.approx(128.0) and d2 < d1
+
+
+def test_disagg_busy_workers_defer_reservation_activation_and_release():
+    """DIS-8/DIS-9/DIS-11: a busy decode worker queues the reservation without probing (it
+    succeeds after the pass), a transfer that completes mid-pass activates at the pass end, and a
+    release waits for the busy prefill worker's pass end."""
+    unit = dict(speedup_ratio=1.0, decode_speedup_ratio=1.0)
+    setup = _disagg(1, 1, prefill_kw=dict(unit, kv_transfer_bandwidth=1.0, kv_bytes_per_token=100_000),
+                    decode_kw=unit)
+    _, _, recs = _run(setup, [_req(1, 128, 50, 0.0), _req(2, 128, 3, 30.0)])
+    r1, r2 = recs[uuid_from_int(1)], recs[uuid_from_int(2)]
+    delay = 128 * 100_000 / 1e9 * 1000.0
+    # request 1: decode idle -> reserved at the hold, activated when the transfer completes
+    assert r1.destination_reserved_ms == r1.source_held_ms
+    assert r1.destination_activated_ms == r1.destination_reserved_ms + delay
+    # its release waits for the prefill pass of request 2 (busy prefill worker)
+    assert r1.source_released_ms == r2.source_held_ms > r1.destination_activated_ms
+    # request 2: decode busy -> reservation at a later pass end, activation deferred past the transfer
+    assert r2.destination_reserved_ms > r2.source_held_ms
+    assert r2.destination_activated_ms > r2.destination_reserved_ms + delay
+    assert r2.decode_admit_ms == r2.destination_activated_ms
 
 
 def test_disagg_prefill_rejection_fails_handoff_and_finishes_request():
@@ -420,6 +444,38 @@ def test_decode_pool_exact_fit_is_a_livelock():
     """LIVE-5: decode N=1, ISL 16 = B, OSL 2 spins upstream."""
     with pytest.raises(ReplayLivelock):
         run_replay(_small_disagg(decode_blocks=1), synthetic_replay_workload(16, 16, 2, 1, 1.0))
+
+
+def test_pool_accounting_busy_and_in_flight():
+    """DRV-4/DRV-6/DRV-7: receive counts in flight; a timed pass marks busy; its completion
+    marks idle, subtracts completions and retries destinations."""
+    from model.protocol import DirectRequest
+    from model.replay.common import Pool
+
+    pool = Pool("aggregated", _args(block_size=16, num_gpu_blocks=16), 2, visible=True)
+    pool.workers[1].receive(DirectRequest((3,) * 16, 1, "r"))
+    assert pool.in_flight() == 1 and pool.workers[1].is_ready() and not pool.workers[0].is_ready()
+    eff = pool.drive_ready(0.0)
+    assert eff.worker_idx == 1 and not eff.immediate and pool.workers[1].busy
+    assert pool.drive_ready(0.0) is None
+    assert pool.on_scheduled_completion(1, eff.result.completed_requests) == ()
+    assert pool.in_flight() == 0 and pool.is_drained()
+
+
+def test_step_budget_reports_unproven_livelock(monkeypatch):
+    """LIVE-4: without a repeatable canonical form the budget stops the loop ("suspected")."""
+    import itertools
+
+    import model.replay.livelock as L
+    import model.replay.single as S
+
+    counter = itertools.count()
+    monkeypatch.setattr(L, "STEP_BUDGET", 50)
+    monkeypatch.setattr(S, "canonical_state", lambda core: next(counter))
+    setup = ReplaySetup(engine_args=_args(num_gpu_blocks=3, block_size=16))
+    with pytest.raises(ReplayLivelock) as exc:
+        run_replay(setup, FlatWorkload((_req(1, 32, 40, 0.0),)))
+    assert not exc.value.diagnosis.proven and str(exc.value).startswith("suspected livelock")
 
 
 def test_canonical_state_ignores_counters_but_not_queues():

@@ -20,7 +20,7 @@ SPEC_AREAS = {
     "vllm-core.md": ("VLLM", "TRT", "VGEN"),
     "kv-vllm.md": ("HASH", "SEQ", "KV"),
     "timing.md": ("TIME",),
-    "replay.md": ("WL", "REP"),
+    "replay.md": ("WL", "REP", "DRV", "DIS", "LIVE"),
 }
 
 RULE_RE = re.compile(r"\b([A-Z][A-Z]*(?:-[A-Z]+)*-Q?\d+)\b")

@@ -1,4 +1,4 @@
-"""The disaggregated runtime (spec/replay.md DIS-1..DIS-16).
+"""The disaggregated runtime (spec/replay.md DIS-1..DIS-15).
 
 Upstream ``DisaggRuntime`` (lib/mocker/src/replay/offline/disagg.rs) in
 round-robin mode: a hidden prefill pool, a visible decode pool, one handoff
