@@ -26,6 +26,9 @@ from model.errors import InternalInvariantBroken, InvalidInput
 #: node id of the root in every cache (RADIX-1)
 ROOT = 0
 
+_ABSENT = object()
+_EMPTY = pmap()
+
 
 # ---------------------------------------------------------------------------
 # Token pool (POOL-1 .. POOL-4)
@@ -229,14 +232,17 @@ class CacheTxn:
     """
 
     __slots__ = (
-        "page_size", "root", "_nodes", "_leaves", "pool", "tick", "next_node_id",
+        "page_size", "root", "_base", "_local", "_leaves", "pool", "tick", "next_node_id",
         "evictable_size", "protected_size",
     )
 
     def __init__(self, cache: RadixCache) -> None:
         self.page_size = cache.page_size
         self.root = cache.root
-        self._nodes = cache.nodes.evolver()
+        # nodes read or written in this transaction (None = deleted); written
+        # back into the persistent map once, at freeze time
+        self._base = cache.nodes
+        self._local: dict[int, Node | None] = {}
         self._leaves = cache.leaves.evolver()
         self.pool = _PoolTxn(cache.pool)
         self.tick = cache.tick
@@ -245,9 +251,19 @@ class CacheTxn:
         self.protected_size = cache.protected_size
 
     def freeze(self) -> RadixCache:
+        nodes = self._base
+        if self._local:
+            ev = nodes.evolver()
+            for node_id, node in self._local.items():
+                if node is None:
+                    if node_id in ev:
+                        ev.remove(node_id)
+                elif node_id not in nodes or nodes[node_id] is not node:
+                    ev.set(node_id, node)
+            nodes = ev.persistent()
         return RadixCache(
             page_size=self.page_size,
-            nodes=self._nodes.persistent(),
+            nodes=nodes,
             pool=self.pool.freeze(),
             tick=self.tick,
             next_node_id=self.next_node_id,
@@ -261,12 +277,14 @@ class CacheTxn:
 
     def node(self, node_id: int) -> Node:
         """RADIX-15: the node with this id; a stale or unknown id is a caller bug."""
-        try:
-            return self._nodes[node_id]
-        except KeyError:
-            raise InternalInvariantBroken(
-                f"radix node {node_id!r} does not exist", rule="RADIX-15"
-            ) from None
+        local = self._local
+        node = local.get(node_id, _ABSENT)
+        if node is _ABSENT:
+            node = self._base.get(node_id)
+            local[node_id] = node
+        if node is None:
+            raise InternalInvariantBroken(f"radix node {node_id!r} does not exist", rule="RADIX-15")
+        return node
 
     def _now(self) -> int:
         """RADIX-4: hand out the next logical timestamp."""
@@ -274,7 +292,9 @@ class CacheTxn:
         return self.tick
 
     def _touch(self, node_id: int, node: Node, now: int) -> None:
-        self._nodes.set(node_id, evolve(node, last_access=now))
+        self._local[node_id] = Node(
+            node.key, node.value, node.parent, node.children, node.lock_ref, now
+        )
 
     def key_match(self, node_key: tuple[int, ...], key: tuple[int, ...], off: int) -> int:
         """RADIX-3: page-granular common prefix of ``node_key`` and ``key[off:]``."""
@@ -388,24 +408,23 @@ class CacheTxn:
         inter_id = self.next_node_id
         self.next_node_id += 1
         suffix_key = child.key[pos:]
-        self._nodes.set(
-            inter_id,
-            Node(
-                key=child.key[:pos],
-                value=child.value[:pos],
-                parent=child.parent,
-                children=pmap({suffix_key[:ps]: child_id}),
-                lock_ref=child.lock_ref,
-                last_access=child.last_access,
-            ),
+        self._local[inter_id] = Node(
+            key=child.key[:pos],
+            value=child.value[:pos],
+            parent=child.parent,
+            children=pmap({suffix_key[:ps]: child_id}),
+            lock_ref=child.lock_ref,
+            last_access=child.last_access,
         )
-        self._nodes.set(
-            child_id, evolve(child, key=suffix_key, value=child.value[pos:], parent=inter_id)
+        self._local[child_id] = Node(
+            suffix_key, child.value[pos:], inter_id, child.children, child.lock_ref,
+            child.last_access,
         )
         if child.parent is not None:
-            parent = self.node(child.parent)
-            self._nodes.set(
-                child.parent, evolve(parent, children=parent.children.set(child.key[:ps], inter_id))
+            p = self.node(child.parent)
+            self._local[child.parent] = Node(
+                p.key, p.value, p.parent, p.children.set(child.key[:ps], inter_id), p.lock_ref,
+                p.last_access,
             )
         return inter_id
 
@@ -414,12 +433,13 @@ class CacheTxn:
         now = self._now()
         node_id = self.next_node_id
         self.next_node_id += 1
-        self._nodes.set(node_id, Node(key=key, value=value, parent=parent_id, last_access=now))
+        self._local[node_id] = Node(key, value, parent_id, _EMPTY, 0, now)
         if parent_id in self._leaves:
             self._leaves.remove(parent_id)
-        parent = self.node(parent_id)
-        self._nodes.set(
-            parent_id, evolve(parent, children=parent.children.set(key[:self.page_size], node_id))
+        p = self.node(parent_id)
+        self._local[parent_id] = Node(
+            p.key, p.value, p.parent, p.children.set(key[:self.page_size], node_id), p.lock_ref,
+            p.last_access,
         )
         self._leaves.set(node_id, True)
         self.evictable_size += len(key)
@@ -434,7 +454,9 @@ class CacheTxn:
         while current is not None and current != root:
             node = self.node(current)
             lock_ref = node.lock_ref + 1
-            self._nodes.set(current, evolve(node, lock_ref=lock_ref))
+            self._local[current] = Node(
+                node.key, node.value, node.parent, node.children, lock_ref, node.last_access
+            )
             if lock_ref == 1:
                 if current in self._leaves:
                     self._leaves.remove(current)
@@ -455,7 +477,9 @@ class CacheTxn:
             if node.lock_ref == 0:
                 return False
             lock_ref = node.lock_ref - 1
-            self._nodes.set(current, evolve(node, lock_ref=lock_ref))
+            self._local[current] = Node(
+                node.key, node.value, node.parent, node.children, lock_ref, node.last_access
+            )
             if lock_ref == 0:
                 tokens = len(node.key)
                 if self.protected_size < tokens:
@@ -501,12 +525,15 @@ class CacheTxn:
             if parent_id is not None:
                 parent = self.node(parent_id)
                 children = parent.children.remove(victim.key[:ps])
-                parent = evolve(parent, children=children)
-                self._nodes.set(parent_id, parent)
+                parent = Node(
+                    parent.key, parent.value, parent.parent, children, parent.lock_ref,
+                    parent.last_access,
+                )
+                self._local[parent_id] = parent
                 if parent_id != root and not children and parent.lock_ref == 0:
                     self._leaves.set(parent_id, True)
                     heapq.heappush(heap, (parent.last_access, parent_id))
-            self._nodes.remove(victim_id)
+            self._local[victim_id] = None
         return EvictResult(evicted, tuple(freed))
 
     def _leaves_ids(self) -> list[int]:
