@@ -146,6 +146,8 @@ class Scenario:
     symmetry: bool
     expect: Expectation
     path: Optional[str] = None
+    #: the decoded file, kept so counterexample tests can embed the scenario (MC-46)
+    raw: Any = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def engine_type(self) -> str:
@@ -453,6 +455,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         symmetry=_bool(obj, "symmetry", False, "scenario"),
         expect=Expectation(verdict, kind, max_steps, defect),
         path=path,
+        raw=json.loads(json.dumps(obj)),
     )
 
 
