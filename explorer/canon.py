@@ -86,6 +86,10 @@ class Symmetry:
 
     classes: Tuple[Tuple[str, ...], ...]
     perms: Tuple[Tuple[Dict[str, str], Dict[int, str], Tuple[int, ...]], ...]
+    #: per action: the request prompt's sequence (``None`` for actions that issue no request); its
+    #: hash values are labelled first while the action is unfired, so relabelling keeps every hash
+    #: a future action can reference tied to that action (MC-4)
+    futures: Tuple[Optional[seqm.ActiveSequence], ...] = ()
 
     @property
     def size(self) -> int:
@@ -103,6 +107,16 @@ def symmetry_for(scenario) -> Optional[Symmetry]:
     admission flag and prompt shape (identical tokens, or private tokens of equal length) that
     no explicit action names.  ``None`` when no class has two members or the core is not vLLM."""
     if scenario.engine_type not in ("vllm", "trtllm"):
+        return None
+    # a request id issued by two actions (or by a repeatable one) could meet its own earlier
+    # generated blocks again, a link that relabelling would lose: no reduction then (MC-4)
+    issuers: Dict[str, int] = {}
+    for a in scenario.actions:
+        if a.request is not None:
+            if not a.once:
+                return None
+            issuers[a.request.uuid.value] = issuers.get(a.request.uuid.value, 0) + 1
+    if any(n > 1 for n in issuers.values()):
         return None
     named = set()
     for a in scenario.actions:
@@ -145,7 +159,15 @@ def symmetry_for(scenario) -> Optional[Symmetry]:
         for a in scenario.actions:
             amap.append(index[_rename_action_name(a.name, names)])
         perms.append((names, key_names, tuple(amap)))
-    return Symmetry(classes, tuple(perms))
+    args = scenario.args
+    futures = []
+    for a in scenario.actions:
+        if a.request is None:
+            futures.append(None)
+            continue
+        futures.append(seqm.new_sequence(_key_of(a.request.uuid.value), a.request.tokens, a.request.max_output_tokens,
+                                         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching))
+    return Symmetry(classes, tuple(perms), tuple(futures))
 
 
 def _all_request_ids(scenario) -> List[str]:
@@ -252,6 +274,19 @@ class _VllmKeyer:
         return (rank[res.reservation_id], tuple((self.H(h), self.plh(p)) for h, p in res.prefix), res.unpublished, lay)
 
     # -- the whole core --
+
+    def seed(self, futures, fired: int, amap) -> None:
+        """MC-4: label the hash values of every unfired action's prompt first, in the order of the
+        actions' images under the renaming."""
+        order = sorted((amap[j], j) for j, seq in enumerate(futures) if seq is not None and not fired >> j & 1)
+        for _t, j in order:
+            seq = futures[j]
+            self.P(seq.prompt)
+            for b in seq.unique_blocks:
+                self.block(b)
+            for p in seq.plhs:
+                self.plh(p)
+                self.H(("frag", p.lineage_key()[1]))
 
     def key(self, core):
         I = self.I
@@ -409,8 +444,10 @@ def canonical_key(core, symmetry: Optional[Symmetry] = None) -> Hashable:
         return _PLAIN.key(core)
     best = None
     best_h = None
-    for names, key_names, _amap in symmetry.perms:
-        k = _VllmKeyer(names, key_names).key(core)
+    for names, key_names, amap in symmetry.perms:
+        keyer = _VllmKeyer(names, key_names)
+        keyer.seed(symmetry.futures, 0, amap)
+        k = keyer.key(core)
         h = hash(k)
         if best is None or h < best_h:
             best, best_h = k, h
@@ -425,7 +462,9 @@ def node_key(core, fired: int, symmetry: Optional[Symmetry] = None) -> Hashable:
     best = None
     best_h = None
     for names, key_names, amap in symmetry.perms:
-        k = (_VllmKeyer(names, key_names).key(core), _permute_mask(fired, amap))
+        keyer = _VllmKeyer(names, key_names)
+        keyer.seed(symmetry.futures, fired, amap)
+        k = (keyer.key(core), _permute_mask(fired, amap))
         h = hash(k)
         if best is None or h < best_h:
             best, best_h = k, h

@@ -59,6 +59,8 @@ class Violation:
     edge: Optional[int] = None
     cycle: List[int] = attrs.Factory(list)
     occurrences: int = 1
+    #: the exploration whose node and edge numbers this violation uses, when not the reported one
+    graph: Optional["Exploration"] = attrs.field(default=None, eq=False, repr=False)
 
     def steps(self) -> List[int]:
         out = list(self.prefix)
@@ -107,6 +109,8 @@ class Exploration:
     bytes_per_state: Optional[float]
     liveness_checked: bool
     liveness_states: Optional[int] = None
+    #: the unreduced exploration the liveness checks ran on (symmetry runs only)
+    liveness_graph: Optional["Exploration"] = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def num_states(self) -> int:
@@ -199,21 +203,18 @@ def explore(
         reduced.liveness_checked = full.liveness_checked
         reduced.liveness_states = full.num_states
         reduced.elapsed_s += full.elapsed_s
-        reduced._liveness_graph = full  # type: ignore[attr-defined]
+        reduced.liveness_graph = full
     return reduced
 
 
 def _transplant(v: Violation, src: Exploration, dst: Exploration) -> Violation:
     """Liveness counterexamples of the unreduced run are reported with that run's graph."""
-    v = attrs.evolve(v)
-    v.message = v.message + " (unreduced graph)"
-    v._graph = src  # type: ignore[attr-defined]
-    return v
+    return attrs.evolve(v, message=v.message + " (unreduced graph)", graph=src)
 
 
 def graph_of(v: Violation, exploration: Exploration) -> Exploration:
     """The exploration whose node and edge numbers ``v`` uses."""
-    return getattr(v, "_graph", exploration)
+    return v.graph if v.graph is not None else exploration
 
 
 def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, liveness: bool) -> Exploration:
