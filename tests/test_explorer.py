@@ -1,0 +1,146 @@
+"""The model checker on the scenario library (spec/model-checking.md, spec/scenarios.md).
+
+Known-defect scenarios must produce their violation with a shortest counterexample in under
+10 s (MC-21); clean scenarios must explore completely with no violation (MC-20).  SGLang
+scenarios run once the SGLang core exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import time
+
+import pytest
+
+from explorer import explore, load_scenario
+from explorer.outputs import step_names
+from explorer.replay import reproduce
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+LIB = ROOT / "spec" / "scenarios"
+KNOWN = sorted((LIB / "known-defects").glob("*.json"))
+CLEAN = sorted(p for p in LIB.rglob("*.json") if p.parent.name != "known-defects")
+
+HAVE_SGLANG = importlib.util.find_spec("model.sglang_core") is not None
+
+
+def _needs_core(scenario):
+    if scenario.engine_type == "sglang":
+        pytest.importorskip("model.sglang_core", reason="the SGLang core has not landed yet")
+
+
+def _stop_kind(scenario):
+    """Safety kinds can stop the search at the first hit (still shortest: BFS, MC-21)."""
+    kind = scenario.expect.kind
+    return None if kind in ("deadlock", "livelock", "starvation") else kind
+
+
+@pytest.mark.parametrize("path", KNOWN, ids=[p.stem for p in KNOWN])
+def test_known_defect_is_found_with_a_shortest_counterexample(path):
+    """MC-21 / SCN-9: each known-defect scenario finds its violation in under 10 s."""
+    sc = load_scenario(path)
+    _needs_core(sc)
+    assert sc.expect.verdict == "violation"
+    t0 = time.perf_counter()
+    exp = explore(sc, stop_on=_stop_kind(sc))
+    elapsed = time.perf_counter() - t0
+    v = exp.violation(sc.expect.kind)
+    assert v is not None, f"{sc.name}: no {sc.expect.kind}; found {[x.kind for x in exp.violations]}"
+    assert elapsed < 10.0, f"{sc.name}: {elapsed:.1f} s"
+    if sc.expect.max_steps is not None:
+        assert v.length <= sc.expect.max_steps, f"{sc.name}: {v.length} steps"
+    # MC-46: the counterexample replays against the model, independently of the graph
+    rep = reproduce(sc, step_names(exp, v), v.kind, v.name, v.loop_index)
+    assert rep.reproduced, rep.message
+
+
+def test_s7_livelock_is_the_self_preemption_lasso():
+    """MC-31 / S7: a lasso of at most 6 steps whose loop is a zero-time pass that admits a request."""
+    sc = load_scenario(LIB / "known-defects" / "s7-vllm-zero-time-livelock.json")
+    exp = explore(sc)
+    v = exp.violation("livelock")
+    assert v.length <= 6 and v.cycle
+    loop_edges = [exp.edges[e] for e in v.cycle]
+    assert all(sc.actions[e.action].kind == "pass" for e in loop_edges)
+    assert all(e.outcome.zero_time and e.outcome.progress for e in loop_edges)
+    assert "admit" in loop_edges[0].outcome.label
+    # MC-15: the same pass is also flagged as progress that changes nothing
+    assert exp.violation("progress_without_change").length <= 6
+
+
+def test_s7_exact_command_order_from_the_notes_replays():
+    """MC-46 / S7: reserve X (32), reserve Y (16), activate Y, then passes loop at zero time."""
+    sc = load_scenario(LIB / "known-defects" / "s7-vllm-zero-time-livelock.json")
+    steps = ["reserve(hX,X)", "reserve(hY,Y)", "activate(hY)", "pass", "pass"]
+    assert reproduce(sc, steps, "livelock", "livelock", 4).reproduced
+    assert reproduce(sc, steps, "progress_without_change", "pass").reproduced
+
+
+def test_s6_deadlock_is_the_activated_fifo_head_of_line_block():
+    """MC-30 / S6: R waits at the head (preempted, cannot fit) with the activated Y and X behind it."""
+    sc = load_scenario(LIB / "known-defects" / "s6-vllm-activated-fifo-deadlock.json")
+    exp = explore(sc)
+    v = exp.violation("deadlock")
+    phases, waiting, running, _free = exp.views[v.node]
+    assert waiting[0] == "R" and not running
+    assert dict(phases) == {"hR": "D_active(preempted)", "hY": "D_active(waiting)", "hX": "D_active(waiting)"}
+    assert exp.violation("starvation") is not None
+
+
+def test_s1_fifo_revival_needs_the_adversarial_reuse():
+    """MC-11 / S1: without the cancel and the reused handoff id the FIFO order holds."""
+    import json
+
+    raw = json.loads((LIB / "known-defects" / "s1-fifo-tombstone-revival.json").read_text())
+    raw["actions"] = []
+    from explorer import scenario_from_dict
+
+    exp = explore(scenario_from_dict(raw), stop_on="fifo_order")
+    assert exp.complete and exp.violation("fifo_order") is None
+
+
+@pytest.mark.parametrize("path", CLEAN, ids=[p.stem for p in CLEAN])
+def test_clean_scenario_passes_exhaustively(path):
+    """MC-20 / SCN-9: a clean scenario explores completely (liveness included) with no violation."""
+    sc = load_scenario(path)
+    _needs_core(sc)
+    assert sc.expect.verdict == "clean"
+    exp = explore(sc)
+    assert exp.complete and exp.liveness_checked
+    assert exp.clean, [(v.kind, v.message) for v in exp.violations]
+
+
+def test_symmetry_reduces_and_agrees():
+    """MC-4 / MC-25: symmetry shrinks the graph, finds the same (absence of) violations, and liveness
+    still runs on the unreduced graph."""
+    sc = load_scenario(LIB / "clean" / "vllm-decode-three-handoffs.json")
+    plain = explore(sc, symmetry=False)
+    reduced = explore(sc, symmetry=True)
+    assert reduced.symmetry is not None and reduced.num_states < plain.num_states
+    assert reduced.liveness_checked and reduced.liveness_states == plain.num_states
+    assert plain.clean and reduced.clean
+    s6 = load_scenario(LIB / "known-defects" / "s6-vllm-activated-fifo-deadlock.json")
+    r6 = explore(s6, symmetry=True)
+    assert r6.violation("deadlock").length == explore(s6).violation("deadlock").length
+
+
+def test_bounds_make_the_run_incomplete_and_skip_liveness():
+    """MC-20: a state bound truncates the search; liveness is then not claimed."""
+    sc = load_scenario(LIB / "clean" / "vllm-decode-three-handoffs.json")
+    exp = explore(sc, max_states=50)
+    assert exp.num_states == 50 and not exp.complete and exp.truncated_by == "max_states"
+    assert not exp.liveness_checked
+
+
+def test_coverage_counts_every_action():
+    """MC-22: enabled >= fired + rejected; new states sum to states - 1."""
+    sc = load_scenario(LIB / "clean" / "vllm-prefill-three-sources.json")
+    exp = explore(sc)
+    assert sum(c.new_states for c in exp.coverage) == exp.num_states - 1
+    for a, c in zip(sc.actions, exp.coverage):
+        assert c.enabled >= c.fired + c.rejected, a.name
+        assert c.enabled > 0, f"{a.name} never enabled"
+    # unknown handoff ids only ever give Noop (a self-loop on the core)
+    unknown = [i for i, a in enumerate(sc.actions) if a.handoff == "unknown"]
+    assert all(e.src == e.dst for e in exp.edges if e.action in unknown)
