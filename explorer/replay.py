@@ -132,6 +132,8 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
     if kind in ("livelock", "starvation"):
         if loop is None:
             return result(False, "a lasso needs a loop index")
+        if not 0 <= loop < len(rep.cores) - 1:
+            return result(False, f"loop index {loop} is outside the {len(steps)}-step trace")
         if node_key(rep.cores[loop], rep.fired[loop]) != node_key(last, fired):
             return result(False, f"state {len(rep.cores) - 1} is not state {loop}: the loop does not close")
         cycle = steps[loop:]
