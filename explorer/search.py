@@ -300,13 +300,14 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
                 new, out = fire(core, spec, now)
                 fired2 = fired | (1 << i) if spec.once else fired
                 eidx = len(edges)
-                if out.internal_error is not None:
+                if out.internal_error is not None:  # MC-16
                     edges.append(Edge(nid, -1, i, out))
                     if safety:
                         report("internal_error", spec.kind, out.internal_error, nid, eidx)
                     continue
                 if out.rejected is not None:
                     cov.rejected += 1
+                    # MC-13: a rejected command leaves the core's key unchanged
                     if safety and "transitions" in checks and node_key(core, fired, sym) != keys[nid]:
                         report("rejected_changed_state", spec.kind,
                                f"{spec.name} was rejected ({out.rejected}) but the core changed", nid, eidx)
@@ -335,9 +336,9 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
                 else:
                     edges.append(Edge(nid, dst, i, out))
                 if safety and "transitions" in checks and spec.kind == "pass":
-                    if out.end_ms < out.now_ms:
+                    if out.end_ms < out.now_ms:  # MC-14
                         report("time_went_backwards", "pass", f"end_ms {out.end_ms} < now_ms {out.now_ms}", nid, eidx)
-                    if out.progress and dst == nid:
+                    if out.progress and dst == nid:  # MC-15
                         report("progress_without_change", "pass",
                                f"a pass reported progress ({out.label}) but the state did not change", nid, eidx)
             if bar is not None and len(keys) % 200 < len(actions):

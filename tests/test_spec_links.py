@@ -21,6 +21,8 @@ SPEC_AREAS = {
     "kv-vllm.md": ("HASH", "SEQ", "KV"),
     "timing.md": ("TIME",),
     "replay.md": ("WL", "REP", "DRV", "DIS", "LIVE"),
+    "model-checking.md": ("MC",),
+    "scenarios.md": ("SCN",),
 }
 
 RULE_RE = re.compile(r"\b([A-Z][A-Z]*(?:-[A-Z]+)*-Q?\d+)\b")
@@ -40,7 +42,7 @@ def _corpus(*dirs, exclude=()):
     return "\n".join(parts)
 
 
-CODE = _corpus("model", "invariants")
+CODE = _corpus("model", "invariants", "explorer", "mocker_spec")
 TESTS = _corpus("tests", exclude=("test_spec_links.py",))
 
 
