@@ -27,12 +27,16 @@ def cmd_explore(args: argparse.Namespace, console: Console) -> int:
     if unknown:
         console.print(f"[red]unknown format(s)[/]: {', '.join(unknown)} (choose from {', '.join(FORMATS)})")
         return 2
-    exp = explore(
-        scenario,
-        max_states=args.max_states,
-        symmetry=args.symmetry,
-        progress=not args.no_progress and console.is_terminal,
-    )
+    try:
+        exp = explore(
+            scenario,
+            max_states=args.max_states,
+            symmetry=args.symmetry,
+            progress=not args.no_progress and console.is_terminal,
+        )
+    except ImportError as err:
+        console.print(f"[red]no {scenario.engine_type} core in this model yet[/]: {err}", highlight=False)
+        return 2
     outputs.print_report(exp, console)
     if args.out:
         written = outputs.write_outputs(exp, args.out, formats or list(FORMATS))
