@@ -4,8 +4,7 @@ Upstream loops each scenario over ``[EngineType::Vllm, EngineType::Sglang]``
 (the loop index ``case`` offsets the ids).  Here the loop is a pytest
 parameter with ids ``vllm`` / ``trtllm`` / ``sglang``:
 
-* ``sglang`` is skipped until the SGLang core exists (it then only has to drop
-  the mark);
+* ``sglang`` runs the SGLang core (model/sglang_core.py);
 * ``trtllm`` is not in upstream's loops.  Scenarios without destinations run
   unchanged on it (same core, TRT-LLM policy); scenarios that reserve a
   destination assert instead that TRT-LLM refuses the first reservation before
@@ -24,7 +23,7 @@ from core_helpers import Core, args, request, u
 from model.errors import DestinationUnsupported
 from model.protocol import APPLIED, NOOP, DestinationAccepted, DestinationReserved, DirectRequest, ReserveDestination
 
-SGLANG = pytest.param("sglang", id="sglang", marks=pytest.mark.skip(reason="SGLang core not yet implemented"))
+SGLANG = pytest.param("sglang", id="sglang")
 ENGINES = [pytest.param("vllm", id="vllm"), pytest.param("trtllm", id="trtllm"), SGLANG]
 CASE = {"vllm": 0, "sglang": 1, "trtllm": 2}  # upstream's loop index (vllm 0, sglang 1); trtllm extra
 
