@@ -42,10 +42,20 @@ class WelfordAcc:
 
 
 def welford(values: Iterable[float]) -> WelfordAcc:
-    acc = WelfordAcc()
+    """FPM-1 over a sequence: the same float operations, in the same order, as repeated ``add``
+    (written out with locals because it runs over every queued request of every pass)."""
+    count = 0
+    total = 0.0
+    mean = 0.0
+    m2 = 0.0
     for v in values:
-        acc = acc.add(float(v))
-    return acc
+        v = float(v)
+        count += 1
+        total += v
+        delta = v - mean
+        mean += delta / float(count)
+        m2 += delta * (v - mean)
+    return WelfordAcc(count, total, mean, m2)
 
 
 @attrs.frozen
@@ -90,13 +100,14 @@ def build_fpm_snapshot(
     Sums of prefill tokens are integer sums; the decode and queued sums are the
     Welford float sums cast back to integers, as upstream does (``as u64``).
     """
-    prefill = WelfordAcc()
     sum_prefill_tokens = 0
     sum_prefill_kv_tokens = 0
+    prompt_lens = []
     for prompt_len, prefix_tokens, tokens_computed in scheduled_prefills:
         sum_prefill_tokens += tokens_computed
         sum_prefill_kv_tokens += prefix_tokens
-        prefill = prefill.add(float(prompt_len))
+        prompt_lens.append(prompt_len)
+    prefill = welford(prompt_lens)
     decode = welford(scheduled_decodes)
     queued_prefill = welford(queued_prefills)
     queued_decode = welford(queued_decodes)

@@ -19,7 +19,7 @@ def _as_str(value: object) -> str:
     return value
 
 
-@attrs.frozen(order=True, repr=False)
+@attrs.frozen(order=True, repr=False, cache_hash=True)
 class RequestId:
     """ID-1: an opaque request id (upstream: the request UUID)."""
 
@@ -31,7 +31,7 @@ class RequestId:
     __str__ = __repr__
 
 
-@attrs.frozen(order=True, repr=False)
+@attrs.frozen(order=True, repr=False, cache_hash=True)
 class HandoffId:
     """ID-1: an opaque handoff id (upstream: ``HandoffId``, a wrapped UUID).
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import uuid as _uuid
-from typing import Any, ClassVar, Dict, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, FrozenSet, List, Optional, Tuple
 
 import attrs
 import xxhash
@@ -29,6 +29,8 @@ from .admission import AdmissionInvariant, AdmissionStage
 from .core import MockerMetrics, PassResult, RetryEffects
 from .engine_args import EngineArgs, EngineType, PreemptionMode, WorkerType
 from .errors import DestinationPromptTooLarge, DestinationUnsupported, InternalInvariantBroken, RequestAlreadyActive
+from .frozen import EMPTY as FROZEN_EMPTY
+from .frozen import FrozenDict
 from .fpm import ForwardPassSnapshot, accept_length_sample, build_fpm_snapshot
 from .ids import HandoffId, RequestId
 from .ledger import HandoffLedger
@@ -36,6 +38,10 @@ from .protocol import AdmissionEvent, Command, CommandEffects, DirectRequest, Ou
 from .source_holds import Held, Release
 
 USIZE_MAX = 2**64 - 1
+
+
+def _frozen_dict(value) -> FrozenDict:
+    return value if type(value) is FrozenDict else FrozenDict(value)
 
 
 class RequestStatus(enum.Enum):
@@ -93,11 +99,11 @@ class VllmCore:
     args: EngineArgs
     dp_rank: int
     kv: kvm.VllmKvState
-    requests: PMap = pmap()
-    waiting: PVector = pvector()
-    waiting_members: PSet = pset()
-    running: PVector = pvector()
-    running_members: PSet = pset()
+    requests: FrozenDict = attrs.field(default=FROZEN_EMPTY, converter=_frozen_dict)
+    waiting: PVector = attrs.field(default=pvector(), converter=pvector)
+    waiting_members: FrozenSet[RequestId] = attrs.field(default=frozenset(), converter=frozenset)
+    running: PVector = attrs.field(default=pvector(), converter=pvector)
+    running_members: FrozenSet[RequestId] = attrs.field(default=frozenset(), converter=frozenset)
     preemptions_total: int = 0
     ledger: HandoffLedger = HandoffLedger()
     destination_reservation_attempts: int = attrs.field(default=0, eq=False)
@@ -181,7 +187,8 @@ class _Txn:
     def __init__(self, core: VllmCore) -> None:
         self.core = core
         self.args = core.args
-        self.kv = core.kv
+        self._kv_state = core.kv
+        self._kvs: Optional[kvm.KvSession] = None
         self.requests: Dict[RequestId, VllmRequest] = dict(core.requests)
         self.waiting: List[RequestId] = list(core.waiting)
         self.waiting_members = set(core.waiting_members)
@@ -198,11 +205,11 @@ class _Txn:
             args=self.args,
             dp_rank=self.core.dp_rank,
             kv=self.kv,
-            requests=pmap(self.requests),
+            requests=FrozenDict(self.requests),
             waiting=pvector(self.waiting),
-            waiting_members=pset(self.waiting_members),
+            waiting_members=frozenset(self.waiting_members),
             running=pvector(self.running),
-            running_members=pset(self.running_members),
+            running_members=frozenset(self.running_members),
             preemptions_total=self.preemptions_total,
             ledger=self.ledger,
             destination_reservation_attempts=self.attempts,
@@ -210,18 +217,50 @@ class _Txn:
 
     # -- KV manager ------------------------------------------------------------------------
 
+    # The KV state is threaded through a batching session (KvSession) while signals are
+    # applied; reading or replacing ``kv`` closes the session first, so events stay in order.
+
+    @property
+    def kv(self) -> kvm.VllmKvState:
+        if self._kvs is not None:
+            self._kv_state, events = self._kvs.finish()
+            self.kv_events.extend(events)
+            self._kvs = None
+        return self._kv_state
+
+    @kv.setter
+    def kv(self, state: kvm.VllmKvState) -> None:
+        if self._kvs is not None:
+            raise InternalInvariantBroken("KV session still open", rule="VLLM-1")
+        self._kv_state = state
+
+    def _session(self) -> kvm.KvSession:
+        if self._kvs is None:
+            self._kvs = kvm.KvSession(self._kv_state)
+        return self._kvs
+
     def process(self, signal) -> int:
-        self.kv, res = kvm.process(self.kv, signal)
-        self.kv_events.extend(res.events)
-        return res.count
+        return self._session().process(signal)
 
     def num_active_blocks(self) -> int:
-        return kvm.num_active_blocks(self.kv)
+        if self._kvs is not None:
+            return self._kvs.num_active_blocks()
+        return kvm.num_active_blocks(self._kv_state)
+
+    def prefill_cost(self, seq) -> kvm.PrefillCost:
+        return self._session().prefill_cost(seq)
 
     # -- queue discipline (VLLM-2) ---------------------------------------------------------
 
-    def _update(self, uuid: RequestId, **changes) -> VllmRequest:
-        req = attrs.evolve(self.requests[uuid], **changes)
+    def _update(self, uuid: RequestId, sequence=None, status=None, num_computed_tokens=None) -> VllmRequest:
+        old = self.requests[uuid]
+        req = VllmRequest(
+            old.uuid,
+            old.sequence if sequence is None else sequence,
+            old.status if status is None else status,
+            old.num_computed_tokens if num_computed_tokens is None else num_computed_tokens,
+            old.num_preemptions,
+        )
         self.requests[uuid] = req
         return req
 
@@ -311,13 +350,7 @@ class _Txn:
         self.running_members.discard(cand)
         req = self.requests[cand]
         new_seq, derefs = seqm.reset_with_signal(req.sequence)
-        self.requests[cand] = attrs.evolve(
-            req,
-            sequence=new_seq,
-            status=RequestStatus.PREEMPTED,
-            num_computed_tokens=0,
-            num_preemptions=req.num_preemptions + 1,
-        )
+        self.requests[cand] = VllmRequest(req.uuid, new_seq, RequestStatus.PREEMPTED, 0, req.num_preemptions + 1)
         self.preemptions_total += 1
         self.prepend_waiting(cand)
         return cand, derefs
@@ -365,7 +398,7 @@ class _Txn:
             footprint = seq.to_completion_blocks() if self.is_trtllm() else seq.current_known_blocks()
             if footprint > n:
                 return ("reject", None)
-        cost = kvm.get_prefill_cost(self.kv, seq)
+        cost = self.prefill_cost(seq)
         free = max(n - self.num_active_blocks(), 0)
         if self.is_trtllm():
             reserved = 0
@@ -387,7 +420,7 @@ class _Txn:
         bs = self.args.block_size
         full = seq.to_completion_blocks()
         if seq.num_allocated_tokens == 0:
-            active_cached = (cost if cost is not None else kvm.get_prefill_cost(self.kv, seq)).active_cached_tokens
+            active_cached = (cost if cost is not None else self.prefill_cost(seq)).active_cached_tokens
             return max(full - active_cached // bs, 0)
         return max(full - _ceil_div(seq.num_allocated_tokens, bs), 0)
 
@@ -519,7 +552,7 @@ class _Txn:
         scheduled with no budget (VLLM-Q7)."""
         req = self.requests[uuid]
         if req.num_computed_tokens == 0:
-            cached = cost.cached_tokens if cost is not None else kvm.get_prefill_cost(self.kv, req.sequence).cached_tokens
+            cached = cost.cached_tokens if cost is not None else self.prefill_cost(req.sequence).cached_tokens
         else:
             cached = 0
         effective_before = req.num_computed_tokens + cached
@@ -748,6 +781,7 @@ class _Txn:
         visible, forwards = accept_length_sample(signals)
         lifecycle = tuple(self.lifecycle_events)
         self.lifecycle_events = []
+        _ = self.kv  # close the KV session so kv_events is complete
         return PassResult(
             now_ms=now_ms,
             end_ms=end_ms,
@@ -771,20 +805,20 @@ class _Txn:
         works = list(scheduled.values())
         prefills = [(w.prompt_len, w.prefix_tokens, w.total_tokens) for w in works if w.prompt_tokens > 0]
         decodes = [w.sequence_len for w in works if w.prompt_tokens == 0]
-        active = self.ledger.active_destinations
+        active = set(self.ledger.active_destinations.by_request)
         queued_prefills = []
         queued_decodes = []
         for uuid in self.waiting:
             req = self.requests.get(uuid)
             if req is None:
                 continue
-            if req.status is RequestStatus.WAITING and not active.contains_request(uuid):
+            if req.status is RequestStatus.WAITING and uuid not in active:
                 queued_prefills.append(req.sequence.num_input_tokens)
         for uuid in self.waiting:
             req = self.requests.get(uuid)
             if req is None:
                 continue
-            if active.contains_request(uuid):
+            if uuid in active:
                 queued_decodes.append(req.sequence.num_input_tokens)
             elif req.status is RequestStatus.PREEMPTED:
                 queued_decodes.append(req.sequence.num_input_tokens + req.sequence.generated_tokens)

@@ -26,6 +26,8 @@ import attrs
 from pyrsistent import PMap, PVector, pmap, pvector
 
 from model.errors import CommandRejected, InternalInvariantBroken, InvalidInput
+from model.frozen import EMPTY as FROZEN_EMPTY
+from model.frozen import FrozenDict
 from model.hashing import Plh
 from model.kv_events import KvCacheEvent, KvRemoved, KvStored, StoredBlock
 from model.sequence import (
@@ -40,6 +42,11 @@ from model.sequence import (
 )
 
 NodeKey = tuple  # (position, fragment)
+
+
+def _frozen(value) -> FrozenDict:
+    """Maps of the KV state are FrozenDicts: reads at dict speed, copied in C per operation."""
+    return value if type(value) is FrozenDict else FrozenDict(value)
 
 # ---------------------------------------------------------------------------
 # Persistent leftist min-heap of (tick, node key) entries (eviction order).
@@ -104,8 +111,8 @@ class LineageIndex:
     live iff ``leaves`` maps its tick to its key.
     """
 
-    nodes: PMap = pmap()
-    leaves: PMap = pmap()
+    nodes: FrozenDict = attrs.field(default=FROZEN_EMPTY, converter=_frozen)
+    leaves: FrozenDict = attrs.field(default=FROZEN_EMPTY, converter=_frozen)
     heap: object = None
     heap_len: int = 0
     next_tick: int = 0
@@ -126,21 +133,21 @@ class _LineageTxn:
     __slots__ = ("nodes", "leaves", "heap", "heap_len", "next_tick", "count")
 
     def __init__(self, idx: LineageIndex) -> None:
-        self.nodes = idx.nodes.evolver()
-        self.leaves = idx.leaves.evolver()
+        self.nodes = dict(idx.nodes)
+        self.leaves = dict(idx.leaves)
         self.heap = idx.heap
         self.heap_len = idx.heap_len
         self.next_tick = idx.next_tick
         self.count = idx.count
 
     def finish(self) -> LineageIndex:
-        leaves = self.leaves.persistent()
+        leaves = FrozenDict(self.leaves)
         heap, heap_len = self.heap, self.heap_len
         if heap_len > 2 * len(leaves) + 64:
             # drop dead entries (KV-17 bookkeeping only; no semantic effect)
             heap = _heap_build(sorted((t, k) for t, k in leaves.items()))
             heap_len = len(leaves)
-        return LineageIndex(self.nodes.persistent(), leaves, heap, heap_len, self.next_tick, self.count)
+        return LineageIndex(FrozenDict(self.nodes), leaves, heap, heap_len, self.next_tick, self.count)
 
     def _add_leaf(self, key, tick: int) -> None:
         self.leaves[tick] = key
@@ -300,10 +307,10 @@ class VllmKvState:
     publish_events: bool
     reset: int
     mutable: int
-    registry: PMap
-    shadow: PMap
-    active_full: PMap
-    active_partial: PMap
+    registry: FrozenDict = attrs.field(converter=_frozen)
+    shadow: FrozenDict = attrs.field(converter=_frozen)
+    active_full: FrozenDict = attrs.field(converter=_frozen)
+    active_partial: FrozenDict = attrs.field(converter=_frozen)
     lineage: LineageIndex
     destinations: PMap
     decode_reservations: PMap
@@ -415,10 +422,10 @@ class _Txn:
         self.s = s
         self.reset = s.reset
         self.mutable = s.mutable
-        self.registry = s.registry.evolver()
-        self.shadow = s.shadow.evolver()
-        self.active_full = s.active_full.evolver()
-        self.active_partial = s.active_partial.evolver()
+        self.registry = dict(s.registry)
+        self.shadow = dict(s.shadow)
+        self.active_full = dict(s.active_full)
+        self.active_partial = dict(s.active_partial)
         self.lineage = _LineageTxn(s.lineage)
         self.events: list[KvCacheEvent] = []
         self.next_event_id = s.next_event_id
@@ -432,10 +439,10 @@ class _Txn:
             s.publish_events,
             self.reset,
             self.mutable,
-            self.registry.persistent(),
-            self.shadow.persistent(),
-            self.active_full.persistent(),
-            self.active_partial.persistent(),
+            FrozenDict(self.registry),
+            FrozenDict(self.shadow),
+            FrozenDict(self.active_full),
+            FrozenDict(self.active_partial),
             self.lineage.finish(),
             s.destinations if destinations is None else destinations,
             s.decode_reservations if decode_reservations is None else decode_reservations,
@@ -689,6 +696,58 @@ def process(state: VllmKvState, signal: Signal) -> tuple[VllmKvState, Processed]
     else:
         raise InternalInvariantBroken(f"unknown block signal {signal!r}", rule="KV-6")
     return t.finish(), Processed(count, tuple(t.events))
+
+
+class KvSession:
+    """KV-6/KV-9/KV-10/KV-11 on one working copy: a batch of signal applications.
+
+    A core that applies many signals in one operation (a whole pass) opens one
+    session, applies them in order, and calls :meth:`finish` once; the result is
+    the same state and the same events, in the same order, as calling
+    :func:`process` once per signal.  The session is scratch inside one pure
+    operation and must not outlive it.
+    """
+
+    __slots__ = ("_t", "block_size", "num_blocks")
+
+    def __init__(self, state: VllmKvState) -> None:
+        self._t = _Txn(state)
+        self.block_size = state.block_size
+        self.num_blocks = state.num_blocks
+
+    # read by get_prefill_cost (KV-11)
+    @property
+    def active_full(self):
+        return self._t.active_full
+
+    @property
+    def shadow(self):
+        return self._t.shadow
+
+    def process(self, signal: Signal) -> int:
+        """Apply one signal; returns what :func:`process` would report as ``count``."""
+        t = self._t
+        if isinstance(signal, Use):
+            count, _ = _process_use(t, signal)
+            return count
+        if isinstance(signal, Deref):
+            _process_deref(t, signal)
+            return 1
+        if isinstance(signal, Promote):
+            _process_promote(t, signal)
+            return 1
+        raise InternalInvariantBroken(f"unknown block signal {signal!r}", rule="KV-6")
+
+    def num_active_blocks(self) -> int:
+        """KV-2 on the working copy."""
+        t = self._t
+        return self.num_blocks - t.reset - t.lineage.count
+
+    def prefill_cost(self, seq: ActiveSequence) -> PrefillCost:
+        return get_prefill_cost(self, seq)
+
+    def finish(self) -> tuple[VllmKvState, tuple[KvCacheEvent, ...]]:
+        return self._t.finish(), tuple(self._t.events)
 
 
 def process_all(state: VllmKvState, signals: Iterable[Signal]) -> tuple[VllmKvState, tuple[Processed, ...]]:

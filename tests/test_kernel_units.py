@@ -424,3 +424,15 @@ def test_ledger_starts_empty():
     """LEDGER-0, LEDGER-5: a fresh ledger is empty at generation 0."""
     ledger = HandoffLedger()
     assert ledger.is_empty() and ledger.capacity_generation == 0
+
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+
+@given(st.lists(st.integers(0, 10**6), max_size=50))
+def test_welford_over_a_sequence_equals_repeated_add(values):
+    """FPM-1: the batch form performs the same float operations in the same order."""
+    acc = fpm.WelfordAcc()
+    for v in values:
+        acc = acc.add(float(v))
+    assert fpm.welford(values) == acc

@@ -127,11 +127,8 @@ def _canonical_lineage(idx):
 
 def _canonical_vllm(core):
     kv = attrs.evolve(core.kv, lineage=_canonical_lineage(core.kv.lineage), next_event_id=0)
-    reqs = core.requests.evolver()
-    for u, r in core.requests.items():
-        if r.num_preemptions:
-            reqs[u] = attrs.evolve(r, num_preemptions=0)
-    return attrs.evolve(core, kv=kv, requests=reqs.persistent(), ledger=_canonical_ledger(core.ledger),
+    reqs = {u: (attrs.evolve(r, num_preemptions=0) if r.num_preemptions else r) for u, r in core.requests.items()}
+    return attrs.evolve(core, kv=kv, requests=reqs, ledger=_canonical_ledger(core.ledger),
                         preemptions_total=0)
 
 
