@@ -808,20 +808,21 @@ class _Txn:
         active = set(self.ledger.active_destinations.by_request)
         queued_prefills = []
         queued_decodes = []
+        get = self.requests.get
+        waiting_status, preempted = RequestStatus.WAITING, RequestStatus.PREEMPTED
+        # one scan of the deque; the decode list keeps the deque order of the upstream scan
         for uuid in self.waiting:
-            req = self.requests.get(uuid)
+            req = get(uuid)
             if req is None:
                 continue
-            if req.status is RequestStatus.WAITING and uuid not in active:
-                queued_prefills.append(req.sequence.num_input_tokens)
-        for uuid in self.waiting:
-            req = self.requests.get(uuid)
-            if req is None:
-                continue
+            status = req.status
             if uuid in active:
-                queued_decodes.append(req.sequence.num_input_tokens)
-            elif req.status is RequestStatus.PREEMPTED:
-                queued_decodes.append(req.sequence.num_input_tokens + req.sequence.generated_tokens)
+                queued_decodes.append(len(req.sequence.prompt))
+            elif status is waiting_status:
+                queued_prefills.append(len(req.sequence.prompt))
+            elif status is preempted:
+                seq = req.sequence
+                queued_decodes.append(len(seq.prompt) + len(seq.generated))
         for payload in self.ledger.pending_destinations.payloads():
             queued_decodes.append(payload.sequence.num_input_tokens)
         for reserved in self.ledger.destination_holds.payloads():
