@@ -133,24 +133,11 @@ def destination_phase(core, handoff: str, request_id: str, issued: bool) -> str:
 
 
 def _owned(core, request_id: str) -> bool:
-    reqs = getattr(core, "requests", None)
-    if reqs is not None:
-        return rid(request_id) in reqs
-    return False
+    return C.request_status(core, rid(request_id)) is not None
 
 
 def _status(core, request_id) -> Optional[str]:
-    reqs = getattr(core, "requests", None)
-    if reqs is None:
-        return None
-    req = reqs.get(request_id)
-    if req is None:
-        return None
-    status = getattr(req, "status", None)
-    value = getattr(status, "value", None)
-    if value == "waiting" and hasattr(req, "prompt_is_prebuilt"):
-        return "waiting" if req.prompt_is_prebuilt() else "waiting(fresh)"
-    return value
+    return C.request_status(core, request_id)
 
 
 def request_phase(core, request_id: str, issued: bool) -> str:
@@ -170,17 +157,6 @@ def free_units(core) -> Optional[int]:
 
 
 def queue_view(core) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
-    """Live waiting and running ids, in queue order (stale entries skipped)."""
-    wm = getattr(core, "waiting_members", None)
-    rm = getattr(core, "running_members", None)
-    waiting: List[str] = []
-    running: List[str] = []
-    if wm is not None:
-        for u in core.waiting:
-            if u in wm and u.value not in waiting:
-                waiting.append(u.value)
-    if rm is not None:
-        for u in core.running:
-            if u in rm and u.value not in running:
-                running.append(u.value)
-    return tuple(waiting), tuple(running)
+    """Live waiting and running ids, in queue order (CORE-6)."""
+    waiting, running = C.queues(core)
+    return tuple(u.value for u in waiting), tuple(u.value for u in running)

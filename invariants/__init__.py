@@ -48,9 +48,10 @@ class InvariantViolation(ModelError):
 
 
 from . import handoff as _handoff  # noqa: E402
+from . import sglang_core as _sglang_core  # noqa: E402
 from . import vllm_core as _vllm_core  # noqa: E402
 
-_MODULES = (_handoff, _vllm_core)
+_MODULES = (_handoff, _vllm_core, _sglang_core)
 
 #: every registered invariant
 REGISTRY: Tuple[Invariant, ...] = tuple(inv for mod in _MODULES for inv in mod.INVARIANTS)

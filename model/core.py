@@ -130,3 +130,15 @@ def num_requests(core) -> int:
 
 def metrics(core) -> MockerMetrics:
     return _impl(core).metrics(core)
+
+
+def request_status(core, request_id) -> Optional[str]:
+    """CORE-6: where the scheduler holds ``request_id``: ``"waiting"`` (prebuilt prompt),
+    ``"waiting(fresh)"`` (prompt still to be computed), ``"running"``, ``"preempted"``, or
+    ``None`` when the scheduler does not own it.  Read-only; used by observers (the explorer)."""
+    return _impl(core).request_status(core, request_id)
+
+
+def queues(core) -> Tuple[Tuple[object, ...], Tuple[object, ...]]:
+    """CORE-6: the live waiting and running request ids, in scheduling order, each once."""
+    return _impl(core).queues(core)

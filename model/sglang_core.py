@@ -68,7 +68,9 @@ class SglangCore:
     ``waiting`` is upstream's deque (front = index 0), ``prebuilt_ready`` the activated
     destinations not yet running, ``running`` the running vector in order.
     ``destination_reservation_attempts`` is upstream's test-only probe counter (RETRY-3); it
-    does not take part in equality.
+    does not take part in equality.  ``leaked_slots`` and ``double_freed_slots`` are ghost
+    counters of the two slot quirks (SGQ-3, SGQ-4): they change no behaviour, take no part in
+    equality, and let the slot-conservation invariant (SG-34) stay exact.
     """
 
     args: EngineArgs
@@ -81,6 +83,8 @@ class SglangCore:
     running: Tuple[SglangRequest, ...] = ()
     ledger: HandoffLedger = HandoffLedger()
     destination_reservation_attempts: int = attrs.field(default=0, eq=False)
+    leaked_slots: int = attrs.field(default=0, eq=False)
+    double_freed_slots: int = attrs.field(default=0, eq=False)
 
     ops: ClassVar[Any]
 
@@ -191,6 +195,8 @@ class _Txn:
         self.new_token_ratio = core.new_token_ratio
         self.ledger = core.ledger
         self.attempts = core.destination_reservation_attempts
+        self.leaked = core.leaked_slots
+        self.double_freed = core.double_freed_slots
         self.lifecycle_events: List[object] = []
 
     @property
@@ -210,6 +216,8 @@ class _Txn:
             running=tuple(self.running),
             ledger=self.ledger,
             destination_reservation_attempts=self.attempts,
+            leaked_slots=self.leaked,
+            double_freed_slots=self.double_freed,
         )
 
     # -- request helpers -------------------------------------------------------------------
@@ -245,8 +253,25 @@ class _Txn:
             self.kv.tree.dec_lock_ref(req.last_node)
 
     def free_request_kv(self, req: SglangRequest) -> None:
-        """SG-24 / SG-29 (quirks SGQ-3, SGQ-4): free ``kv_indices[cached_tokens:]`` and unlock."""
-        self.kv.free_indices(req.kv_indices[req.cached_tokens:])
+        """SG-24 / SG-29 (quirks SGQ-3, SGQ-4): free ``kv_indices[cached_tokens:]`` and unlock.
+
+        Ghost accounting (no effect on behaviour): a slot below ``cached_tokens`` that is not the
+        tree's slot for its position is never freed again (SGQ-3, leaked); a slot at or above
+        ``cached_tokens`` that *is* the tree's slot is freed while the tree keeps it (SGQ-4)."""
+        kv = req.kv_indices
+        cached = req.cached_tokens
+        path = self.kv.tree.path_indices(req.last_node) if req.last_node is not None else ()
+        n = min(len(path), len(kv))
+        for i in range(n):
+            same = kv[i] == path[i]
+            if i < cached:
+                if not same:
+                    self.leaked += 1
+            elif same:
+                self.double_freed += 1
+        for i in range(n, min(cached, len(kv))):
+            self.leaked += 1
+        self.kv.free_indices(kv[cached:])
         if req.last_node is not None:
             self.kv.tree.dec_lock_ref(req.last_node)
 
@@ -715,6 +740,28 @@ class _Ops:
     @staticmethod
     def metrics(core: SglangCore) -> MockerMetrics:
         return core.metrics()
+
+    @staticmethod
+    def request_status(core: SglangCore, request_id: RequestId) -> Optional[str]:
+        """CORE-6 on the SGLang core: queued requests are ``"waiting"`` once their prompt is
+        prebuilt (an activated destination, or a retracted request keeping its slots is not:
+        retraction frees them), ``"waiting(fresh)"`` otherwise; running ones ``"running"``."""
+        for r in core.prebuilt_ready:
+            if r.uuid == request_id:
+                return "waiting"
+        for r in core.waiting:
+            if r.uuid == request_id:
+                return "waiting(fresh)"
+        for r in core.running:
+            if r.uuid == request_id:
+                return "running"
+        return None
+
+    @staticmethod
+    def queues(core: SglangCore):
+        """CORE-6 on the SGLang core: waiting (prebuilt first, the order the pass takes them),
+        then running."""
+        return tuple(r.uuid for r in core.prebuilt_ready + core.waiting), tuple(r.uuid for r in core.running)
 
 
 SglangCore.ops = _Ops

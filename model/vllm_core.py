@@ -872,5 +872,32 @@ class _Ops:
     num_requests = staticmethod(VllmCore.num_requests)
     metrics = staticmethod(VllmCore.metrics)
 
+    @staticmethod
+    def request_status(core: VllmCore, request_id: RequestId) -> Optional[str]:
+        """CORE-6 on the vLLM core: the request's status (a waiting request is split by whether
+        its prompt is prebuilt)."""
+        req = core.requests.get(request_id)
+        if req is None:
+            return None
+        value = req.status.value
+        if value == "waiting":
+            return "waiting" if req.prompt_is_prebuilt() else "waiting(fresh)"
+        return value
+
+    @staticmethod
+    def queues(core: VllmCore):
+        """CORE-6 on the vLLM core: stale queue entries (not in the member sets) skipped."""
+        return _live_once(core.waiting, core.waiting_members), _live_once(core.running, core.running_members)
+
+
+def _live_once(queue, members) -> Tuple[RequestId, ...]:
+    out: List[RequestId] = []
+    seen = set()
+    for u in queue:
+        if u in members and u not in seen:
+            seen.add(u)
+            out.append(u)
+    return tuple(out)
+
 
 VllmCore.ops = _Ops

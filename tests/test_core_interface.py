@@ -70,3 +70,17 @@ def test_standalone_retry_reserves_the_head_once():
     core, eff = C.apply_command_effects(core, CancelDestination("h"))
     assert C.is_drained(core)
     assert RequestId("d") not in core.requests
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_observers_follow_a_request_through_the_queues(engine):
+    """CORE-6: a submitted request is waiting(fresh) and listed once in the waiting queue; after a
+    pass it is running and listed in the running queue; an unknown id has no status."""
+    core = _core(engine_type=engine)
+    core, _ = C.apply_command_effects(core, Submit(DirectRequest([1, 2, 3], 3, "a")))
+    assert C.request_status(core, RequestId("a")) == "waiting(fresh)"
+    assert C.queues(core) == ((RequestId("a"),), ())
+    core, _ = C.execute_pass(core, 0.0)
+    assert C.request_status(core, RequestId("a")) == "running"
+    assert C.queues(core) == ((), (RequestId("a"),))
+    assert C.request_status(core, RequestId("zz")) is None
