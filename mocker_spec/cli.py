@@ -335,6 +335,38 @@ def _add_replay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arrival-interval-ms", type=float, default=1.0, help="synthetic: arrival spacing")
 
 
+def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
+    """Write seeded cases; with --record, run the compiled reference on each (progress bar)."""
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from .casegen import write_cases
+
+    if args.count < 1:
+        _error(console, f"--count={args.count}: must be at least 1")
+        return 2
+    dirs = write_cases(Path(args.out), args.seed, args.count, args.start)
+    console.print(f"wrote {len(dirs)} cases under {args.out}")
+    if not args.record:
+        return 0
+    from .reference import record_case
+
+    counts: dict = {}
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("recording the reference", total=len(dirs))
+        for d in dirs:
+            status = record_case(d, timeout_s=args.timeout)
+            if status.startswith("error: compiled reference not installed"):
+                _error(console, "the compiled reference is not installed (pip install -e '.[reference]')")
+                return 2
+            key = status if not status.startswith("error") else "error"
+            counts[key] = counts.get(key, 0) + 1
+            progress.advance(task)
+    console.print("recorded: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mocker-spec",
@@ -358,6 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", help="compare every case directory under this path with its recorded outputs")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_diff, report_jsonl=None)
+    p = sub.add_parser("gen-cases", help="write seeded random replay cases (refcases layout), optionally recorded")
+    p.add_argument("--out", required=True, help="directory to write the case directories into")
+    p.add_argument("--seed", type=int, default=1, help="case family (default 1)")
+    p.add_argument("--count", type=int, default=200, help="number of cases (default 200)")
+    p.add_argument("--start", type=int, default=0, help="index of the first case (default 0)")
+    p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
+    p.set_defaults(func=cmd_gen_cases)
     from .explore_cli import add_explore_parser
     add_explore_parser(sub)
     return parser

@@ -368,3 +368,26 @@ def check_case(case_dir: str | os.PathLike[str]) -> Tuple[Outcome, Outcome, Opti
 
 def case_dirs(root: str | os.PathLike[str]) -> List[Path]:
     return sorted(p for p in Path(root).iterdir() if p.is_dir() and (p / "case.json").exists())
+
+
+def record_case(case_dir: str | os.PathLike[str], timeout_s: float = 120.0) -> str:
+    """Run the compiled reference on a case directory and write its expected.* files.
+
+    Returns the status written to ``expected.status``: ``ok``, ``timeout`` or ``error: <message>``.
+    """
+    from .formats import atomic_write_text, dumps_compact
+
+    d = Path(case_dir)
+    job = json.loads((d / "case.json").read_text())
+    job["trace_file"] = str(d / "trace.jsonl")
+    out = run_reference(job, timeout_s=timeout_s)
+    if out.status == "ok":
+        atomic_write_text(d / "expected.report.jsonl", "".join(dumps_compact(r) + "\n" for r in out.records or []))
+        atomic_write_text(d / "expected.summary.json", json.dumps(out.summary, indent=1, sort_keys=True))
+        status = "ok"
+    elif out.status == "timeout":
+        status = "timeout"
+    else:
+        status = f"error: {out.message}"
+    atomic_write_text(d / "expected.status", status + "\n")
+    return status

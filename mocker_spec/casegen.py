@@ -1,0 +1,104 @@
+"""A seeded generator of replay cases in the refcases layout (case.json + trace.jsonl).
+
+Each case is a pure function of ``(seed, index)``: aggregated vLLM / TRT-LLM / SGLang with 1-3
+workers, or disaggregated vLLM / SGLang with 1-2 workers per pool; tight KV pools, chunked
+prefill on and off, prefix sharing through common leading hash ids, speed-ups, FIFO and LIFO
+preemption, arrival speed-ups.  ``mocker-spec gen-cases`` writes them and, with ``--record``,
+records the compiled reference's outputs next to them (expected.*), so that
+``mocker-spec diff --corpus DIR`` can compare the oracle with the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+KINDS = (
+    ("agg", "vllm"),
+    ("agg", "trtllm"),
+    ("agg", "sglang"),
+    ("disagg", "vllm"),
+    ("disagg", "sglang"),
+)
+
+
+def _engine_args(rng: random.Random, engine: str, worker_type: str, max_isl: int) -> Dict[str, Any]:
+    bs = rng.choice([1, 4, 8, 16, 32] if engine == "sglang" else [4, 8, 16, 32])
+    need = math.ceil(max_isl / bs)
+    tight = rng.random() < 0.6
+    blocks = rng.randint(need + 1, need * 3) if tight else rng.randint(need * 4, need * 30)
+    args: Dict[str, Any] = {"engine_type": engine, "block_size": bs, "num_gpu_blocks": blocks,
+                            "speedup_ratio": rng.choice([0.5, 1.0, 2.5]), "worker_type": worker_type}
+    if rng.random() < 0.5:
+        args["max_num_seqs"] = rng.choice([1, 2, 4, 8, 32])
+    if rng.random() < 0.5:
+        args["max_num_batched_tokens"] = rng.choice([64, 128, 512, 2048, 8192])
+    if rng.random() < 0.3:
+        args["enable_prefix_caching"] = False
+    if rng.random() < 0.3 and engine != "sglang":
+        args["enable_chunked_prefill"] = False
+    if rng.random() < 0.3:
+        args["decode_speedup_ratio"] = rng.choice([0.5, 2.0])
+    if rng.random() < 0.3 and engine == "vllm":
+        args["preemption_mode"] = "fifo"
+    return args
+
+
+def _trace(rng: random.Random, trace_block_size: int) -> List[Dict[str, Any]]:
+    n = rng.randint(4, 36)
+    groups = [[rng.randint(1, 999_999) for _ in range(rng.randint(1, 4))] for _ in range(rng.randint(1, 3))]
+    burst = rng.random() < 0.4
+    t = 0.0
+    next_unique = 10_000_001
+    rows = []
+    for _ in range(n):
+        if not burst:
+            t = round(t + rng.expovariate(1 / 30.0), 3)
+        isl = rng.randint(16, 640)
+        blocks = math.ceil(isl / trace_block_size)
+        prefix = list(rng.choice(groups)) if rng.random() < 0.5 else []
+        prefix = prefix[:blocks]
+        unique = list(range(next_unique, next_unique + blocks - len(prefix)))
+        next_unique += len(unique)
+        rows.append({"timestamp": t, "input_length": isl, "output_length": rng.randint(1, 48),
+                     "hash_ids": prefix + unique})
+    return rows
+
+
+def generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``."""
+    rng = random.Random(f"mocker-spec-casegen:{seed}:{index}")
+    mode, engine = rng.choice(KINDS)
+    tbs = rng.choice([8, 16, 32, 64])
+    rows = _trace(rng, tbs)
+    max_isl = max(r["input_length"] for r in rows)
+    case: Dict[str, Any] = {"mode": mode, "router_mode": "round_robin", "trace_block_size": tbs}
+    if mode == "agg":
+        case["engine_args"] = _engine_args(rng, engine, "aggregated", max_isl)
+        case["num_workers"] = rng.randint(1, 3)
+    else:
+        case["prefill_engine_args"] = _engine_args(rng, engine, "prefill", max_isl)
+        case["decode_engine_args"] = _engine_args(rng, engine, "decode", max_isl)
+        if engine == "sglang":  # both pools must agree on the page size
+            case["decode_engine_args"]["block_size"] = case["prefill_engine_args"]["block_size"]
+        case["num_prefill_workers"] = rng.randint(1, 2)
+        case["num_decode_workers"] = rng.randint(1, 2)
+    if rng.random() < 0.2:
+        case["arrival_speedup_ratio"] = rng.choice([0.5, 3.0])
+    return case, rows
+
+
+def write_cases(out: Path, seed: int, count: int, start: int = 0) -> List[Path]:
+    """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each)."""
+    dirs = []
+    for i in range(start, start + count):
+        case, rows = generate_case(seed, i)
+        d = out / f"gen-{seed}-{i:04d}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")
+        (d / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        dirs.append(d)
+    return dirs
