@@ -398,9 +398,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_gen_cases)
-    from .explore_cli import add_explore_parser
-    add_explore_parser(sub)
+    _add_plugin_parsers(sub)
     return parser
+
+
+#: modules that contribute subcommands; each defines ``add_parsers(sub)``
+_PLUGINS = ("explore_cli", "oracle_cli", "docs_cli")
+
+
+def _add_plugin_parsers(sub) -> None:
+    import importlib
+    import importlib.util
+
+    for name in _PLUGINS:
+        if importlib.util.find_spec(f"{__package__}.{name}") is not None:
+            importlib.import_module(f".{name}", __package__).add_parsers(sub)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

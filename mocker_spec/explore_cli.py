@@ -45,7 +45,7 @@ def cmd_explore(args: argparse.Namespace, console: Console) -> int:
     return 1 if exp.violations else 0
 
 
-def add_explore_parser(sub) -> None:
+def add_parsers(sub) -> None:
     """Register the ``explore`` subcommand on the CLI's subparsers."""
     p = sub.add_parser("explore", help="explore every reachable state of a handoff scenario (model checking)")
     p.add_argument("scenario", help="scenario file (.json or .toml; spec/scenarios.md)")
