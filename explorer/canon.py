@@ -30,9 +30,12 @@ of the key: a mark is kept as its relation to the generation rather than
 erased, and reservation ids as ranks in both the ledger and the KV manager, so
 checking invariants on one representative of a key is checking them on all.
 
-Cores other than vLLM/TRT-LLM are keyed by the core value itself with only the
-ledger's generation abstracted (exact, hence sound; a core type may provide
-``ops.canonical_state(core)`` instead).  Symmetry then stays off.
+The SGLang core has its own key (``_sglang_key``: node ids and ticks as ranks,
+token slots relabelled by first occurrence, reservation ids as ranks; see
+spec/model-checking.md MC-2).  Other cores are keyed by the core value itself
+with only the ledger's generation abstracted (exact, hence sound; a core type
+may provide ``ops.canonical_state(core)`` instead).  Symmetry stays off for
+every core but vLLM/TRT-LLM.
 """
 
 from __future__ import annotations
@@ -406,16 +409,120 @@ class _VllmKeyer:
 
 
 # ---------------------------------------------------------------------------------------------
+# SGLang key (MC-2 on the SGLang core)
+# ---------------------------------------------------------------------------------------------
+
+
+def _ranks(values) -> Dict[int, int]:
+    """Dense order-preserving ranks of integer values."""
+    return {v: i for i, v in enumerate(sorted(set(values)))}
+
+
+class _SglangKeyer:
+    """MC-2 for the SGLang core (one per key computation).
+
+    * radix node ids become their rank among the live ids and ``last_access`` ticks their dense
+      rank among the live nodes': eviction pops the minimum ``(last_access, id)`` pair, matching
+      stamps the touched path with a tick above every live one, and fresh nodes get an id above
+      every live one, so only these orders are ever read; ``tick`` and ``next_node_id`` go;
+    * token-pool slot ids are relabelled by first occurrence (free list in order, then the tree
+      in node order, then requests and reservations): slots are only compared for equality and
+      their positions in the free list are kept, so a bijective renaming preserves behaviour;
+    * reservation ids become ranks among the live ones (looked up only; fresh ids exceed all);
+      ``next_reservation_id``, ``next_event_id`` and the write-only counters go.
+    """
+
+    __slots__ = ("node", "slot")
+
+    def __init__(self, cache) -> None:
+        self.node = _ranks(cache.nodes.keys())
+        self.slot = _Relabel()
+
+    def n(self, node_id):
+        return None if node_id is None else self.node.get(node_id, ("gone", node_id))
+
+    def slots(self, indices) -> tuple:
+        s = self.slot
+        return tuple(s(i) for i in indices)
+
+    def tree(self, cache) -> tuple:
+        ticks = _ranks(n.last_access for n in cache.nodes.values())
+        out = []
+        for i in sorted(cache.nodes.keys()):
+            nd = cache.nodes[i]
+            children = tuple(sorted((k, self.n(c)) for k, c in nd.children.items()))
+            out.append((self.n(i), nd.key, self.slots(nd.value), self.n(nd.parent), children,
+                        nd.lock_ref, ticks[nd.last_access]))
+        return tuple(out)
+
+    def request(self, r) -> tuple:
+        return (r.uuid, r.prompt, r.max_output_tokens, len(r.output_ids), self.n(r.last_node),
+                self.slots(r.kv_indices), r.materialized_tokens, r.cached_tokens, r.allocated_tokens)
+
+    def payload(self, p, res_rank) -> tuple:
+        req = getattr(p, "request", None)
+        if req is None:  # a pending destination's queued request
+            return self.request(p)
+        kv = getattr(p, "kv", None)
+        if kv is None:
+            return ("held", self.request(req))
+        return ("reserved", self.request(req), res_rank[kv.reservation_id], kv.prefix_len,
+                self.slots(kv.prefix_indices), self.n(kv.last_node), self.slots(kv.unpublished_indices),
+                kv.allocated_tokens)
+
+
+def _sglang_key(core) -> Hashable:
+    kv = core.kv
+    cache = kv.cache
+    k = _SglangKeyer(cache)
+    free = k.slots(cache.pool.free_list)
+    tree = k.tree(cache)
+    queues = tuple(tuple(k.request(r) for r in q) for q in (core.waiting, core.prebuilt_ready, core.running))
+    res_rank = _ranks(kv.live_reservations)
+    led = core.ledger
+    g = led.capacity_generation
+    src = led.source_holds
+    held = tuple((h, r, k.payload(p, res_rank)) for h, (r, p) in sorted(src.held_by_handoff.items()))
+    pend = led.pending_destinations
+    pending = tuple((h, e.request_id, k.payload(e.payload, res_rank), _mark(e.last_attempt_generation, g))
+                    for h, e in sorted(pend.by_handoff.items()))
+    dst = tuple((h, r, k.payload(p, res_rank)) for h, (r, p) in sorted(led.destination_holds.by_handoff.items()))
+    ledger = (
+        tuple(sorted(src.pending_by_request.items())),
+        held,
+        tuple(pend.fifo),
+        pending,
+        dst,
+        tuple(sorted(led.active_destinations.by_handoff.items())),
+    )
+    hashes = tuple(sorted((k.slot(i), h) for i, h in kv.idx_to_block_hash.items()))
+    return (
+        core.new_token_ratio,
+        free,
+        tree,
+        queues,
+        ledger,
+        hashes,
+        tuple(sorted(kv.block_hash_refcounts.items())),
+        tuple(sorted(res_rank.values())),
+        cache.evictable_size,
+        cache.protected_size,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------------------------
 
 
 def _generic_key(core) -> Hashable:
-    """MC-2 for cores without a dedicated key: the core value with the generation abstracted."""
+    """MC-2 for cores without a dedicated vLLM key: SGLang has its own (``_sglang_key``); others the core value with the generation abstracted."""
     ops = getattr(type(core), "ops", None)
     custom = getattr(ops, "canonical_state", None)
     if custom is not None:
         return custom(core)
+    if type(core).__name__ == "SglangCore":
+        return _sglang_key(core)
     ledger = getattr(core, "ledger", None)
     if ledger is None:
         return core

@@ -75,11 +75,17 @@ def fifo_acceptance_order(core) -> Optional[str]:
 
 
 def leaked_kv(core) -> int:
-    """MC-12: KV still in use by nobody.  vLLM: active blocks; other cores: the metrics' active count."""
-    if type(core).__name__ == "VllmCore":
+    """MC-12: KV still in use by nobody.  vLLM: active blocks; SGLang: token slots neither free nor
+    evictable cache (a finished request's tokens stay in the radix tree as evictable cache, which is
+    free capacity); other cores: the metrics' active count."""
+    name = type(core).__name__
+    if name == "VllmCore":
         from model import vllm_kv as kvm
 
         return kvm.num_active_blocks(core.kv)
+    if name == "SglangCore":
+        kv = core.kv
+        return max(kv.total_tokens - kv.available_tokens - kv.evictable_size, 0)
     return C.metrics(core).active_decode_blocks
 
 

@@ -83,10 +83,13 @@ SCENARIOS = [
     ("known-defects/s7-vllm-zero-time-livelock.json", 12),
     ("known-defects/s6-vllm-activated-fifo-deadlock.json", 12),
     ("known-defects/s1-fifo-tombstone-revival.json", 7),
+    # the SGLang key (node-id and tick ranks, slot relabelling)
+    ("known-defects/s10-sglang-slot-leak.json", 7),
+    ("sglang/sglang-decode-three-handoffs.json", 9),
 ]
 
 
-@pytest.mark.parametrize("name,depth", SCENARIOS, ids=[s[0].split("/")[1][:12] for s in SCENARIOS])
+@pytest.mark.parametrize("name,depth", SCENARIOS, ids=[s[0].split("/")[1][:16] for s in SCENARIOS])
 def test_equal_keys_have_equal_successors(name, depth):
     """MC-1/MC-2: among raw states that share a key, every action gives equal-key successors with
     the same outcome class, and every state property agrees (one-step bisimulation over the
