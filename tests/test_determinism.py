@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent(
         out.append(repr(C.metrics(core)))
         return out
 
-    for engine in ("vllm", "trtllm"):
+    for engine in ("vllm", "trtllm", "sglang"):
         print("\\n".join(run(engine)))
     """
 )
