@@ -362,7 +362,8 @@ class CacheTxn:
     # -- RADIX-8 / RADIX-6 / RADIX-9 --------------------------------------------
 
     def insert(self, key: tuple[int, ...], value: Sequence[int]) -> None:
-        """RADIX-8: insert the page-aligned part of ``key``; existing values win."""
+        """RADIX-8: insert the page-aligned part of ``key``; existing values win.  Truncating to
+        whole pages (and splitting only at page multiples, RADIX-3) keeps RADIX-2."""
         ps = self.page_size
         aligned = len(key) - len(key) % ps
         if aligned == 0:
@@ -402,6 +403,7 @@ class CacheTxn:
 
         The original id keeps the suffix.  The intermediate copies the child's
         lock count and timestamp; sizes and the evictable-leaf set are unchanged.
+        Callers pass a page multiple, so both halves keep RADIX-2.
         """
         ps = self.page_size
         child = self.node(child_id)

@@ -306,7 +306,9 @@ class _Txn:
     # -- the pass: prefill admission (SG-11..SG-15) --------------------------------------------
 
     def get_new_batch_prefill(self) -> _Admit:
-        """SG-11..SG-15: form the prefill batch from the head of ``waiting`` (prefill.rs:29-184)."""
+        """SG-11..SG-15: form the prefill batch from the head of ``waiting`` (prefill.rs:29-184):
+        SG-11 the budgets, SG-12 the candidate checks, SG-13 the allocation, SG-14 the admitted
+        request's bookkeeping, SG-15 the one rejected head back at the front."""
         cfg = self.cfg
         bs = self.bs
         kv = self.kv
@@ -348,7 +350,7 @@ class _Txn:
             if charged + float(output_reserve) >= rem_total:
                 rejected = req
                 break
-            if charged > rem_input or charged > rem_chunk:
+            if charged > rem_input or charged > rem_chunk:  # SGQ-6: blocks the queue this pass
                 rejected = req
                 break
             materialized = req.materialized_tokens
@@ -366,8 +368,10 @@ class _Txn:
                         f"prefill: request {req.uuid} has materialized_tokens={materialized} but no last_node",
                         rule="SG-13",
                     )
+                # SGQ-1: a continuation does no radix match; it reports `materialized` as reused
                 alloc = kv.allocate_after_prefix(alloc_tokens, materialized, req.kv_indices[:materialized], prev_node)
             else:
+                # SGQ-2: the new slots enter the tree only when cached later (SG-16, SG-22)
                 alloc = kv.allocate_for_request(alloc_tokens)
             if alloc is None:
                 rejected = req  # last_node restored: the request value was never changed
@@ -375,7 +379,7 @@ class _Txn:
                 break
             if prev_node is not None:
                 tree.dec_lock_ref(prev_node)
-            allocated = ceil_to_block(chunk_end, bs)
+            allocated = ceil_to_block(chunk_end, bs)  # SG-14: page-rounded logical allocation
             req = attrs.evolve(
                 req,
                 last_node=alloc.last_node,
@@ -437,7 +441,8 @@ class _Txn:
         return retracted
 
     def decode_step(self, current_ms: float) -> _Decode:
-        """SG-18..SG-21: one decode step over the whole running list (decode.rs:195-340)."""
+        """SG-18..SG-21: one decode step over the whole running list (decode.rs:195-340); SG-19 is
+        the per-token emission loop."""
         running = self.running
         if not running:
             return _Decode([], [], [], current_ms)
@@ -448,6 +453,7 @@ class _Txn:
         total_context = 0
         for r in running:
             total_context += r.current_sequence_len
+        # SG-27: decode time of the running list after retraction (TIME-11)
         decode_ns = timing.sglang_decode_duration_ns(len(running), total_context, self.args)
         bursts = [min(max_burst, r.remaining_output_tokens) for r in running]
         reserved = sum(bursts)
@@ -512,6 +518,7 @@ class _Txn:
         admissions = self.promote_prebuilt_ready()
         materialized_waiting = bool(self.prebuilt)
         self.apply_schedule_policy()
+        # SG-28: a pending destination or a leftover activated request blocks all fresh prefill
         stage = AdmissionInvariant(self.ledger.pending_destinations.has_pending()).stage_for(materialized_waiting)
         admit = self.get_new_batch_prefill() if stage is AdmissionStage.FRESH_KV else _Admit()
         if admit.oom:
@@ -519,6 +526,7 @@ class _Txn:
         admissions.extend(admit.admissions)
 
         batch = len(admit.can_run)
+        # SG-26: floor means of the summed chunk ends and prefixes (TIME-3, TIME-8)
         prefill_ns = timing.prefill_duration_ns(batch, admit.total_isl, admit.total_prefix, self.args)
         for req in admit.can_run:
             if req.materialized_tokens < req.current_sequence_len:
@@ -533,7 +541,7 @@ class _Txn:
             self.complete_source(req)
         if decode.retracted:
             self.waiting[0:0] = decode.retracted
-        if decode.retracted:
+        if decode.retracted:  # SG-9 reset; SGGEN-5 bump
             self.new_token_ratio = cfg.init_new_token_ratio
             hc.bump(self)
         ratio = self.new_token_ratio - cfg.new_token_ratio_decay_step
@@ -692,7 +700,8 @@ class _Txn:
 
     def probe_destination(self, payload: SglangRequest, now_ms: Optional[float]):
         """SG-31: reserve the head's prompt (lock the matched prefix, page-rounded fresh slots);
-        ``(reserved, transferable tokens)`` or None.  ``now_ms`` is not used."""
+        ``(reserved, transferable tokens)`` or None.  ``now_ms`` is not used.  No decode headroom
+        is kept back (SGQ-8)."""
         res = self.kv.reserve_destination(payload.prompt)
         if res is None:
             return None

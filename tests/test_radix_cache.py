@@ -226,7 +226,8 @@ def test_pool_order_is_lifo_from_the_end():
 
 
 def test_pool_accepts_duplicates():
-    """POOL-3/4: free does not check membership; the list can hold a slot twice."""
+    """POOL-3, POOL-4: free does not check membership; the list can hold a slot twice and
+    ``available`` counts it twice."""
     pool = new_token_pool(2)
     pool = pool_free(pool, [1])
     assert pool.free_list == (1, 0, 1)
@@ -281,7 +282,8 @@ def test_split_preserves_suffix_identity_and_copies_state():
 
 
 def test_logical_clock_tick_sites():
-    """RADIX-4: creation, each match, each non-empty insert, each created child."""
+    """RADIX-4: creation (the root is stamped 1, RADIX-1), each match, each non-empty insert,
+    each created child (its own later tick, RADIX-9)."""
     cache = new_radix_cache(10, 2)
     assert cache.tick == 1
     cache, _ = insert(cache, [1], [0])          # aligned length 0: no tick
@@ -299,7 +301,8 @@ def test_logical_clock_tick_sites():
 
 
 def test_insert_first_writer_wins():
-    """RADIX-8: an existing range keeps its slots; later values are ignored."""
+    """RADIX-8: an existing range keeps its slots; later values are ignored (read back with
+    RADIX-13 ``path_indices``)."""
     cache = new_radix_cache(100, 2)
     cache, _ = insert(cache, [1, 2, 3, 4], [0, 1, 2, 3])
     cache, _ = insert(cache, [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12])
@@ -406,6 +409,7 @@ def test_unknown_node_id_is_rejected():
 
 
 def test_constructor_guards():
+    """RADIX-1, POOL-1: the page size must be at least 1 and the pool size non-negative."""
     with pytest.raises(InvalidInput):
         new_radix_cache(10, 0)
     with pytest.raises(InvalidInput):

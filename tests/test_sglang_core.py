@@ -21,16 +21,19 @@ Adaptations, where upstream reads something the model does not have:
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import attrs
 import pytest
 
 from core_helpers import Collector, Core, RouterIndex, args, removed_event_count, request, stored_hashes, u
+from invariants.sglang_core import lock_counts, queues_consistent, slot_conservation
 from model import sglang_kv as skv
 from model.engine_args import EngineArgs, SchedulePolicy, SglangArgs
-from model.errors import DestinationPromptTooLarge, RequestAlreadyActive
+from model.errors import DestinationPromptTooLarge, InternalInvariantBroken, RequestAlreadyActive
 from model.hashing import block_hashes
 from model.ids import hid, rid
-from model.kv_events import KvStored
+from model.kv_events import KvRemoved, KvStored
 from model.protocol import (
     APPLIED,
     NOOP,
@@ -44,8 +47,17 @@ from model.protocol import (
     SubmitHandoffPrefill,
     Submitted,
 )
+from model.radix_cache import ROOT, allocate_slots
 from model.sglang_core import SglangCore, _Txn, new_sglang_core
-from model.sglang_request import SglangRequest, ceil_to_block, new_request, output_token, siphash13, uuid_bytes
+from model.sglang_request import (
+    SglangRequest,
+    ceil_to_block,
+    floor_to_block,
+    new_request,
+    output_token,
+    siphash13,
+    uuid_bytes,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
@@ -1087,3 +1099,465 @@ def test_destination_prompt_larger_than_pool_is_rejected():
         core.reserve(u(1), request(u(2), range(9), 1))
     assert core.value == before
     core.reserve(u(1), request(u(2), range(8), 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Rule tests (spec/sglang-core.md rules no upstream test isolates)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_config_and_page_rounding():
+    """SG-1, ARGS-12: page helpers; the new-token ratios in upstream's float order; defaults."""
+    assert [ceil_to_block(t, 4) for t in (0, 1, 4, 5, 8)] == [0, 4, 4, 8, 8]
+    assert [floor_to_block(t, 4) for t in (0, 3, 4, 7, 9)] == [0, 0, 4, 4, 8]
+    cfg = new_sglang_core(sg_args(num_gpu_blocks=10, block_size=4, max_num_seqs=None,
+                                  sglang={"page_size": 4, "schedule_conservativeness": 0.5})).config
+    init = 0.7 * 0.5
+    low = init * 0.14
+    assert (cfg.init_new_token_ratio, cfg.min_new_token_ratio, cfg.new_token_ratio_decay_step) == (
+        init, low, (init - low) / 600.0)
+    assert (cfg.max_prefill_tokens, cfg.chunked_prefill_size, cfg.clip_max_new_tokens) == (16384, 8192, 4096)
+    assert cfg.max_running_requests is None
+    assert (cfg.block_size, cfg.total_kv_tokens) == (4, 40)
+
+
+def test_request_state_and_derived_quantities():
+    """SG-2: a new request holds no KV; the derived lengths; upstream's field assertions."""
+    r = new_request(rid(u(1)), [1, 2, 3], 5)
+    assert (r.output_ids, r.last_node, r.kv_indices, r.materialized_tokens, r.cached_tokens,
+            r.allocated_tokens) == ((), None, (), 0, 0, 0)
+    assert (r.extend_input_len, r.remaining_output_tokens, r.extra_reserved_tokens) == (3, 5, 0)
+    assert r.field_problems(4) is None
+    grown = attrs.evolve(r, output_ids=(7, 8), last_node=1, kv_indices=(0, 1, 2, 3), materialized_tokens=4,
+                         allocated_tokens=4)
+    assert (grown.current_sequence_len, grown.extend_input_len, grown.remaining_output_tokens) == (5, 1, 3)
+    assert grown.sequence_prefix(4) == (1, 2, 3, 7) and grown.sequence_tokens() == (1, 2, 3, 7, 8)
+    assert grown.field_problems(4) is None
+    assert "extra tokens" in attrs.evolve(grown, allocated_tokens=8).field_problems(4)
+    assert "last_node" in attrs.evolve(grown, last_node=None).field_problems(4)
+    assert "not page aligned" in attrs.evolve(grown, cached_tokens=2).field_problems(4)
+
+
+def test_new_core_state():
+    """SG-4, SGKV-1: an empty core: pool of blocks x page tokens, ratio at its initial value,
+    generation 0, no events unless captured; only the sglang engine type is accepted."""
+    core = new_sglang_core(sg_args(num_gpu_blocks=5, block_size=4, sglang={"page_size": 4}), dp_rank=3)
+    assert core.waiting == core.prebuilt_ready == core.running == ()
+    assert core.new_token_ratio == core.config.init_new_token_ratio
+    assert core.ledger.capacity_generation == 0 and core.is_drained()
+    kv = core.kv
+    assert (kv.total_tokens, kv.available_tokens, kv.page_size, kv.dp_rank) == (20, 20, 4, 3)
+    assert (kv.publish_events, kv.next_event_id, len(kv.idx_to_block_hash), len(kv.block_hash_refcounts)) == (
+        False, 0, 0, 0)
+    assert kv.cache.num_nodes == 1 and kv.evictable_size == kv.protected_size == 0
+    assert new_sglang_core(sg_args(block_size=4), capture_kv_events=True).kv.publish_events
+    with pytest.raises(InternalInvariantBroken) as err:
+        new_sglang_core(args(engine_type="vllm", block_size=4))
+    assert err.value.rule == "SG-4"
+
+
+def test_empty_drained_and_request_count():
+    """SG-5: emptiness counts the three queues only; drained also needs every handoff structure
+    empty; ``num_requests`` is the three queue lengths."""
+    core = SgCore(sg_args(num_gpu_blocks=16, block_size=4, worker_type="decode", max_num_seqs=1))
+    core.reserve(u(1), request(u(2), range(8), 2))
+    assert core.value.ledger.destination_holds.contains(hid(u(1)))
+    assert core.is_empty() and not core.is_drained() and core.num_requests() == 0
+    assert core.metrics().waiting_requests == 1
+    core.receive(request(u(3), range(100, 104), 2))
+    assert not core.is_empty() and core.num_requests() == 1
+    core.activate(u(1))
+    assert core.num_requests() == 2 and len(core.value.prebuilt_ready) == 1
+    drive(core)
+    assert core.is_empty() and core.is_drained() and core.num_requests() == 0
+
+
+def test_new_token_ratio_decays_every_pass_and_resets_on_retraction():
+    """SG-9, SG-24, SGGEN-5: every pass, even an empty one, lowers the ratio by one step down to
+    the floor; a retraction resets it to the initial value, decayed once in the same pass, bumps
+    the generation and puts the victim (outputs kept, no KV) at the front of ``waiting``."""
+    core = SgCore(sg_args(num_gpu_blocks=3, block_size=4, speedup_ratio=1.0,
+                          sglang={"page_size": 4, "clip_max_new_tokens": 1}))
+    cfg = core.value.config
+    p = core.execute(0.0)
+    assert p.end_ms == 0.0 and p.admissions == ()
+    assert core.value.new_token_ratio == cfg.init_new_token_ratio - cfg.new_token_ratio_decay_step
+    for _ in range(700):
+        core.execute(0.0)
+    assert core.value.new_token_ratio == cfg.min_new_token_ratio
+
+    # two 4-token prompts fill two of the three pages; each first token needs a new page, the
+    # pool has one: the fewest-output request (a tie, so the first running one) is retracted
+    core.receive(request(u(1), [1, 2, 3, 4], 20))
+    core.receive(request(u(2), [5, 6, 7, 8], 20))
+    generation = core.value.ledger.capacity_generation
+    p = core.execute(0.0)
+    assert [a.uuid.value for a in p.admissions] == [u(1), u(2)]
+    assert [s.uuid.value for s in p.output_signals] == [u(2)]
+    assert core.waiting == [u(1)] and core.running == [u(2)]
+    victim = core.value.waiting[0]
+    assert (victim.kv_indices, victim.materialized_tokens, victim.last_node) == ((), 0, None)
+    assert core.value.ledger.capacity_generation == generation + 1
+    assert core.value.new_token_ratio == cfg.init_new_token_ratio - cfg.new_token_ratio_decay_step
+
+
+def test_prefill_allocation_failure_restores_the_request_and_flags_oom():
+    """SG-13, SG-9: when allocation fails after the budget check (reachable only when a negative
+    ratio inflates the budget, upstream S15) the request goes back to the front unchanged and the
+    pass is flagged ``oom``."""
+    kit = Kit(sg_args(block_size=4, speedup_ratio=1.0), total_tokens=8, page_size=4)
+    alloc = kit.allocate_for_request([1, 2, 3, 4])
+    running = [sreq(u(1), [1, 2, 3, 4], 10, last_node=alloc.last_node, kv_indices=alloc.kv_indices,
+                    materialized_tokens=4, allocated_tokens=4)]
+    big = sreq(u(2), range(10, 18), 0)
+    waiting = [big]
+    admit = kit.get_new_batch_prefill(waiting, -1.0, running)
+    assert admit.oom and admit.can_run == [] and admit.admissions == []
+    assert waiting == [big]
+    assert kit.kv.available_tokens == 4
+
+
+def test_lpm_keeps_queue_order_above_128_waiting():
+    """SG-10: LPM leaves the order alone when more than 128 requests wait, and sorts at 128."""
+    kit = Kit(sg_args(block_size=1, speedup_ratio=1.0), total_tokens=1000, page_size=1,
+              schedule_policy=SchedulePolicy.LPM)
+    tree = skv._Txn(kit.kv)
+    tree.tree.insert((1, 2, 3, 4), (0, 1, 2, 3))
+    kit.core = attrs.evolve(kit.core, kv=tree.freeze())
+
+    def queue(n):
+        out = [sreq(u(10 + i), [500 + i], 1) for i in range(n - 1)]
+        out.append(sreq(u(1), [1, 2, 3, 4], 1))
+        return out
+
+    frozen = kit.apply_schedule_policy(queue(129))
+    assert [r.uuid.value for r in frozen] == [r.uuid.value for r in queue(129)]
+    assert kit.apply_schedule_policy(queue(128))[0].uuid.value == u(1)
+
+
+@pytest.mark.parametrize("policy,expected", [
+    ("lpm", SchedulePolicy.LPM), ("LPM", SchedulePolicy.FIFO), ("Lpm", SchedulePolicy.FIFO),
+    ("fifo", SchedulePolicy.FIFO), ("fcfs", SchedulePolicy.FIFO), ("random", SchedulePolicy.FIFO),
+    (None, SchedulePolicy.FIFO),
+])
+def test_schedule_policy_name_is_exact(policy, expected):
+    """SG-10, ARGS-12: only the exact lower-case ``lpm`` selects LPM; everything else is FIFO."""
+    core = new_sglang_core(sg_args(block_size=4, sglang={"page_size": 4, "schedule_policy": policy}))
+    assert core.config.schedule_policy is expected
+
+
+def test_head_that_does_not_fit_blocks_the_queue():
+    """SG-11, SG-15: the budget counts the page-rounded prompt plus the output reserve; a head
+    that does not fit is put back at the front and nothing behind it is admitted, although the
+    next request would fit; it is not rejected and the pass is not ``oom``."""
+    kit = Kit(sg_args(block_size=4, speedup_ratio=1.0), total_tokens=16, page_size=4)
+    big, small = sreq(u(1), range(16), 1), sreq(u(2), range(100, 104), 1)
+    waiting = [big, small]
+    admit = kit.get_new_batch_prefill(waiting, 0.7)
+    assert admit.can_run == [] and not admit.oom
+    assert waiting == [big, small]
+    waiting = [small, big]
+    admit = kit.get_new_batch_prefill(waiting, 0.7)
+    assert [r.uuid.value for r in admit.can_run] == [u(2)]
+    assert waiting == [big]
+
+
+def test_decode_runs_the_whole_running_list_one_token_each():
+    """SG-18, SG-19, SG-20: the decode step covers every running request, including the one
+    admitted in this pass, in running order, one token each (no MTP)."""
+    core = SgCore(sg_args(num_gpu_blocks=64, block_size=4, speedup_ratio=1.0))
+    core.receive(request(u(1), range(6), 5))
+    p1 = core.execute(0.0)
+    assert [s.uuid.value for s in p1.output_signals] == [u(1)]
+    core.receive(request(u(2), range(100, 103), 5))
+    p2 = core.execute(p1.end_ms)
+    assert [a.uuid.value for a in p2.admissions] == [u(2)]
+    assert [s.uuid.value for s in p2.output_signals] == [u(1), u(2)]
+    assert p2.fpm.num_decode_requests == 2
+    first, second = core.value.running
+    assert (first.output_len, first.materialized_tokens, first.allocated_tokens) == (2, 8, 8)
+    assert (second.output_len, second.materialized_tokens, second.allocated_tokens) == (1, 4, 4)
+
+
+def _ns(ms: float) -> int:
+    """TIME-1 written out: ``Duration::from_secs_f64(ms / 1000)`` in whole nanoseconds."""
+    return round(Fraction(ms / 1000.0) * 10**9)
+
+
+def _ms(ns: int) -> float:
+    """TIME-2 written out: ``as_secs_f64`` times 1000."""
+    return (float(ns // 10**9) + float(ns % 10**9) / 1e9) * 1000.0
+
+
+def _prefill_ms(n: int, isl: int, prefix: int) -> float:
+    t = float(n * (isl - prefix))
+    return 4.209989e-07 * (t * t) + 1.518344e-02 * t + 1.650142e01
+
+
+def _decode_ms(active: int, total: int) -> float:
+    x = active / total
+    return max(-25.74 * (x * x) + 54.01 * x + 5.74, 1.0)
+
+
+@pytest.mark.parametrize("worker", ["aggregated", "prefill", "decode"])
+def test_pass_timing_uses_floored_means_and_the_whole_running_list(worker):
+    """SG-21, SG-26, SG-27, TIME-3: prompts of 5 and 8 tokens prefill as 2 x floor(13 / 2) = 12
+    tokens, not 13; decode is charged for a context of 5 + 8 tokens over a 256-token pool.  A
+    Decode worker charges no prefill; a Prefill worker is still charged the decode step.  Every
+    token of the pass carries the pass end."""
+    core = SgCore(sg_args(num_gpu_blocks=64, block_size=4, speedup_ratio=1.0, worker_type=worker))
+    core.receive(request(u(1), range(5), 2))
+    core.receive(request(u(2), range(100, 108), 2))
+    p = core.execute(3.0)
+    prefill = 0 if worker == "decode" else _ns(_prefill_ms(2, 13 // 2, 0))
+    decode = _ns(_decode_ms(13, 256))
+    assert p.end_ms == (3.0 + _ms(prefill)) + _ms(decode)
+    assert p.token_ms == p.end_ms and len(p.output_signals) == 2
+    if worker != "decode":
+        assert _ns(_prefill_ms(2, 13 // 2, 0)) != _ns(_prefill_ms(1, 13, 0))  # the floor is visible
+
+
+def test_pending_destination_blocks_chunk_continuation():
+    """SG-28, ADM-1 (upstream handoff notes S8): while a destination is pending no fresh prefill
+    runs, not even the continuation of a chunked prompt that holds KV; a blocked pass with
+    nothing running does no work (``end_ms == now``) but still decays the ratio.  Cancelling the
+    pending destination lets the continuation run."""
+    core = SgCore(sg_args(num_gpu_blocks=5, block_size=4, worker_type="decode", max_num_seqs=2,
+                          speedup_ratio=1.0, sglang={"page_size": 4, "chunked_prefill_size": 8}))
+    core.receive(request(u(1), range(16), 1))
+    first = core.execute(0.0)
+    assert [a.reused_input_tokens for a in first.admissions] == [0]
+    assert core.waiting == [u(1)] and core.value.waiting[0].materialized_tokens == 8
+    eff = core.reserve(u(2), request(u(3), range(100, 116), 1))
+    assert eff.lifecycle_events == ()  # 16 fresh slots needed, 12 reservable: stays pending
+    for now in (5.0, 6.0):
+        ratio = core.value.new_token_ratio
+        blocked = core.execute(now)
+        assert blocked.admissions == () and blocked.output_signals == () and blocked.end_ms == now
+        assert core.value.waiting[0].materialized_tokens == 8
+        assert core.value.new_token_ratio < ratio
+    assert core.cancel_destination(u(2)).result == APPLIED
+    resumed = core.execute(7.0)
+    assert [(a.uuid.value, a.reused_input_tokens) for a in resumed.admissions] == [(u(1), 8)]
+    assert [s.completed for s in resumed.output_signals] == [True]
+
+
+def test_activated_request_waiting_for_a_slot_blocks_fresh_admission():
+    """SG-8, SG-28: activated requests are promoted first while running slots remain; one left
+    in ``prebuilt_ready`` blocks fresh prefill even with no pending destination and a pool that
+    would fit the fresh request."""
+    core = SgCore(sg_args(num_gpu_blocks=16, block_size=4, worker_type="decode", max_num_seqs=1,
+                          speedup_ratio=1.0, sglang={"page_size": 4}))
+    core.receive(request(u(1), range(100, 104), 3))
+    core.execute(0.0)
+    assert core.running == [u(1)]
+    core.reserve(u(2), request(u(3), range(8), 2))
+    assert core.activate(u(2)) == APPLIED
+    core.receive(request(u(4), range(200, 204), 1))
+    p = core.execute(1.0)
+    assert p.admissions == ()
+    assert core.waiting == [u(4)] and core.running == [u(1)] and len(core.value.prebuilt_ready) == 1
+    assert not core.value.ledger.pending_destinations.has_pending()
+    p = core.execute(p.end_ms)  # the blocker completes in this pass's decode
+    p = core.execute(p.end_ms)
+    assert [(a.uuid.value, a.reused_input_tokens) for a in p.admissions] == [(u(3), 0)]
+    assert core.waiting == [u(4)]
+
+
+def test_cancel_bumps_the_generation_only_when_kv_was_held():
+    """SG-29, SGGEN-3: cancelling a pending source whose request waits without KV does not bump;
+    cancelling one whose request runs frees its KV, unlocks and bumps."""
+    core = SgCore(sg_args(num_gpu_blocks=16, block_size=4, worker_type="prefill", max_num_seqs=1,
+                          speedup_ratio=1.0, sglang={"page_size": 4}))
+    core.submit_prefill(u(10), request(u(1), range(8), 3))
+    core.submit_prefill(u(11), request(u(2), range(100, 108), 3))
+    core.execute(0.0)
+    assert core.running == [u(1)] and core.waiting == [u(2)]
+    gen = core.value.ledger.capacity_generation
+    assert core.cancel_source(u(11)) == APPLIED
+    assert core.value.ledger.capacity_generation == gen and core.waiting == []
+    used = core.occupied_tokens()
+    assert core.cancel_source(u(10)) == APPLIED
+    assert core.value.ledger.capacity_generation == gen + 1
+    assert core.is_empty() and core.occupied_tokens() < used
+    assert core.value.kv.protected_size == 0
+
+
+def test_continuation_chunk_reports_materialized_prefix_as_reuse():
+    """SGQ-1: a continuation chunk does no radix match; its admission reports the tokens already
+    materialized as reused, and the pass's cache-hit metric counts them."""
+    core = SgCore(sg_args(num_gpu_blocks=32, block_size=4, speedup_ratio=1.0,
+                          sglang={"page_size": 4, "chunked_prefill_size": 8}))
+    core.receive(request(u(1), range(16), 1))
+    p1 = core.execute(0.0)
+    assert [a.reused_input_tokens for a in p1.admissions] == [0]
+    p2 = core.execute(p1.end_ms)
+    assert [a.reused_input_tokens for a in p2.admissions] == [8]
+    assert (p2.metrics.sglang_cache_hit_tokens, p2.metrics.sglang_cache_total_tokens) == (8, 16)
+
+
+def test_same_prompt_admitted_in_one_pass_is_not_shared():
+    """SGQ-2: two requests with the same prompt admitted in one pass both get fresh slots; the
+    first one's pages enter the tree at its first token, the second keeps its own duplicate slots
+    below its ``cached_tokens``.  A third request, admitted later, reuses the tree's pages."""
+    core = SgCore(sg_args(num_gpu_blocks=16, block_size=4, speedup_ratio=1.0))
+    core.receive(request(u(1), range(8), 3))
+    core.receive(request(u(2), range(8), 3))
+    p = core.execute(0.0)
+    assert [a.reused_input_tokens for a in p.admissions] == [0, 0]
+    a, b = core.value.running
+    assert not set(a.kv_indices) & set(b.kv_indices)
+    assert a.cached_tokens == b.cached_tokens == 8
+    tree = skv._Txn(core.value.kv).tree
+    assert tree.path_indices(b.last_node) == a.kv_indices[:8] != b.kv_indices[:8]
+    core.receive(request(u(3), range(8), 3))
+    p = core.execute(p.end_ms)
+    assert [(x.uuid.value, x.reused_input_tokens) for x in p.admissions] == [(u(3), 8)]
+
+
+def test_cancel_leaks_duplicate_slots_below_cached_tokens():
+    """SGQ-3, SG-34: cancelling the duplicate request of SGQ-2 frees only its slots at and above
+    ``cached_tokens``; the eight duplicate slots below stay out of the pool (ghost counter)."""
+    core = SgCore(sg_args(num_gpu_blocks=16, block_size=4, speedup_ratio=1.0))
+    core.receive(request(u(1), range(8), 3))
+    core.submit_prefill(u(9), request(u(2), range(8), 3))
+    core.execute(0.0)
+    dup = core.value.running[1]
+    free_before = core.value.kv.available_tokens
+    assert core.cancel_source(u(9)) == APPLIED
+    assert core.value.kv.available_tokens == free_before + 1
+    assert not set(dup.kv_indices[:8]) & set(core.value.kv.cache.pool.free_list)
+    assert (core.value.leaked_slots, core.value.double_freed_slots) == (8, 0)
+    assert slot_conservation(core.value) is None
+
+
+def test_same_pass_retraction_after_prefix_hit_double_frees():
+    """SGQ-4, SG-17, SG-34: a request admitted with a prefix hit and retracted in the same pass
+    still has ``cached_tokens == 0``, so retraction frees the tree's prefix slots while the tree
+    keeps them: the free list then holds slots the tree owns."""
+    core = SgCore(sg_args(num_gpu_blocks=4, block_size=4, speedup_ratio=1.0,
+                          sglang={"page_size": 4, "clip_max_new_tokens": 1}))
+    core.receive(request(u(1), [1, 2, 3, 4], 1))
+    p = core.execute(0.0)  # completes; its page stays cached
+    prefix_slots = skv._Txn(core.value.kv).tree.path_indices(core.value.kv.cache.nodes[ROOT].children[(1, 2, 3, 4)])
+    core.receive(request(u(2), [1, 2, 3, 4, 5, 6, 7, 8], 5))
+    core.receive(request(u(3), [9, 9, 9, 9], 5))
+    p = core.execute(p.end_ms)
+    assert [(a.uuid.value, a.reused_input_tokens) for a in p.admissions] == [(u(2), 4), (u(3), 0)]
+    assert core.waiting == [u(2)] and core.running == [u(3)]
+    assert set(prefix_slots) <= set(core.value.kv.cache.pool.free_list)
+    assert core.value.double_freed_slots == 4
+    assert slot_conservation(core.value) is None
+
+
+def test_prefill_eviction_runs_before_the_prefix_match():
+    """SGQ-5: the pool shortfall is evicted before the request matches its prefix, so the least
+    recently used page (here the request's own prefix) is lost and the request reuses nothing."""
+    kit = Kit(sg_args(block_size=4, speedup_ratio=1.0), total_tokens=12, page_size=4)
+    for tokens in ([1, 2, 3, 4], [9, 9, 9, 9]):  # [1, 2, 3, 4] is the older page
+        alloc = kit.allocate_for_request(tokens)
+        kv, _ = skv.cache_finished_req(kit.core.kv, tokens, alloc.kv_indices, alloc.last_node, 0)
+        kit.core = attrs.evolve(kit.core, kv=kv)
+    assert (kit.kv.available_tokens, kit.kv.evictable_size) == (4, 8)
+    waiting = [sreq(u(1), [1, 2, 3, 4, 5, 6, 7, 8], 1)]
+    admit = kit.get_new_batch_prefill(waiting, 0.7)
+    assert [a.reused_input_tokens for a in admit.admissions] == [0]
+    assert skv.prefix_match_len(kit.kv, [1, 2, 3, 4]) == 0
+    assert skv.prefix_match_len(kit.kv, [9, 9, 9, 9]) == 4
+
+
+def test_empty_prompt_blocks_the_queue():
+    """SGQ-7: an empty prompt at the head is put back on every pass and nothing behind it runs."""
+    core = SgCore(sg_args(num_gpu_blocks=8, block_size=4, speedup_ratio=1.0))
+    core.receive(request(u(1), [], 2))
+    core.receive(request(u(2), [1, 2, 3], 2))
+    for now in (0.0, 1.0, 2.0):
+        p = core.execute(now)
+        assert p.admissions == () and p.output_signals == () and p.end_ms == now
+        assert core.waiting == [u(1), u(2)]
+
+
+def test_reservation_without_headroom_stalls_decode():
+    """SGQ-8, SGQ-9: a destination may reserve the whole pool (no decode headroom); once it runs
+    alone, its decode slot cannot be reserved, retraction never takes the last request, and each
+    pass emits nothing and charges no time."""
+    core = SgCore(sg_args(num_gpu_blocks=2, block_size=4, worker_type="decode", speedup_ratio=1.0,
+                          sglang={"page_size": 4}))
+    eff = core.reserve(u(1), request(u(2), range(8), 3))
+    assert [e.transferable_prompt_tokens for e in eff.lifecycle_events] == [8]
+    assert core.value.kv.available_tokens == 0
+    assert core.activate(u(1)) == APPLIED
+    generation = core.value.ledger.capacity_generation
+    promoted = core.execute(10.0)
+    assert [a.uuid.value for a in promoted.admissions] == [u(2)]
+    for p in (promoted, core.execute(10.0), core.execute(10.0)):
+        assert p.output_signals == () and p.end_ms == 10.0
+    assert core.running == [u(2)] and core.value.ledger.capacity_generation == generation
+
+
+def test_activated_empty_prompt_destination_holds_the_root():
+    """SGQ-10: an activated empty-prompt destination holds the root as its locked node with nothing
+    materialized (upstream's field assertion would fail; the queue invariant allows exactly this
+    case), runs, and completes normally."""
+    core = SgCore(sg_args(num_gpu_blocks=8, block_size=4, worker_type="decode", speedup_ratio=1.0))
+    eff = core.reserve(u(10), request(u(11), [], 2))
+    assert [e.transferable_prompt_tokens for e in eff.lifecycle_events] == [0]
+    assert core.activate(u(10)) == APPLIED
+    (ready,) = core.value.prebuilt_ready
+    assert (ready.last_node, ready.materialized_tokens, ready.kv_indices) == (ROOT, 0, ())
+    assert ready.field_problems(4) is not None
+    assert queues_consistent(core.value) is None
+    signals = [s.completed for p in drive(core) for s in p.output_signals]
+    assert signals == [False, True] and core.is_drained()
+
+
+def test_finished_request_publishes_stored_then_removed():
+    """SGKV-19: ``cache_finished_req`` publishes its Stored event before the Removed event of the
+    duplicate pages it releases.  The duplicate page is made advertisable once (its twin is
+    cached while publishing is off) so that its removal is visible."""
+    mgr = skv.new_kv_manager(16, 2)
+    mgr, twin = skv.allocate_for_request(mgr, [1, 2])
+    mgr = skv.set_publish_events(mgr, True)
+    mgr, dup = skv.allocate_for_request(mgr, [1, 2, 3])
+    assert [type(e.data) for e in dup.events] == [KvStored]
+    mgr = skv.set_publish_events(mgr, False)
+    mgr, _ = skv.cache_finished_req(mgr, [1, 2], twin.value.kv_indices, twin.value.last_node, 0)
+    mgr = skv.set_publish_events(mgr, True)
+    cache, extra = allocate_slots(mgr.cache, 1)
+    mgr = attrs.evolve(mgr, cache=cache)
+    kv = dup.value.kv_indices + extra
+    mgr, done = skv.cache_finished_req(mgr, [1, 2, 3, 9], kv, dup.value.last_node, 0)
+    assert [type(e.data) for e in done.events] == [KvStored, KvRemoved]
+    assert [e.event_id for e in done.events] == [1, 2]
+    assert kv[0] in mgr.cache.pool.free_list and kv[1] in mgr.cache.pool.free_list
+
+
+def test_tree_structure_locks_and_slots_hold_through_mixed_passes():
+    """RADIX-2, SG-34, SG-35: with chunking, LPM, shared prefixes and a retraction on a small
+    pool, after every pass every non-root node's key is a whole number of pages, its value has one
+    slot per token and its parent maps the key's first page to it; lock counts and slot
+    conservation hold; every request finishes."""
+    core = SgCore(sg_args(num_gpu_blocks=6, block_size=4, speedup_ratio=1.0, max_num_seqs=4,
+                          sglang={"page_size": 4, "chunked_prefill_size": 8, "schedule_policy": "lpm",
+                                  "clip_max_new_tokens": 2}), capture_kv_events=True)
+    prompts = [list(range(13)), list(range(9)), list(range(6)) + [50, 51], [7] * 10, list(range(13)) + [99]]
+    for i, prompt in enumerate(prompts):
+        core.receive(request(u(i + 1), prompt, 6))
+    now, tokens, retractions = 0.0, 0, 0
+    for _ in range(200):
+        if core.is_empty():
+            break
+        p = core.execute(now)
+        now = p.end_ms
+        tokens += len(p.output_signals)
+        head = core.value.waiting[0] if core.value.waiting else None
+        retractions += bool(head is not None and head.output_ids and not head.kv_indices)
+        cache = core.value.kv.cache
+        for node_id, node in cache.nodes.items():
+            if node_id == cache.root:
+                continue
+            assert node.key and len(node.key) % 4 == 0 and len(node.value) == len(node.key)
+            assert cache.nodes[node.parent].children[node.key[:4]] == node_id
+        assert lock_counts(core.value) is None
+        assert slot_conservation(core.value) is None
+    assert core.is_empty() and tokens == 30 and retractions >= 1

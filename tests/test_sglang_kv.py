@@ -449,7 +449,8 @@ def test_reserve_destination_without_room_unlocks_and_does_not_evict():
 
 
 def test_reserve_destination_evicts_then_allocates():
-    """SGKV-15: evict the shortfall (whole leaves, Removed events), then allocate."""
+    """SGKV-15: evict the shortfall (whole leaves, Removed events), then allocate; the call
+    publishes the eviction's Removed event and nothing else (SGKV-19)."""
     mgr = new_kv_manager(8, 2, publish_events=True)
     mgr, r = allocate_for_request(mgr, [1, 2, 3, 4])
     mgr, _ = cache_finished_req(mgr, [1, 2, 3, 4], r.value.kv_indices, r.value.last_node, 0)
@@ -465,7 +466,8 @@ def test_reserve_destination_evicts_then_allocates():
 
 
 def test_activation_releases_padding_then_caches_prompt():
-    """SGKV-16: padding beyond len(prompt) - prefix goes back first, without events."""
+    """SGKV-16: padding beyond len(prompt) - prefix goes back first, without events; the only
+    event of the call is the Stored event of the cached prompt (SGKV-19)."""
     mgr = new_kv_manager(64, 4, publish_events=True)
     prompt = list(range(10))
     mgr, res = reserve_destination(mgr, prompt)

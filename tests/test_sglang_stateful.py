@@ -4,8 +4,9 @@ Random commands (valid and invalid: duplicate ids, unknown handoffs, reuse after
 removal, oversized destinations), passes and retries on small pools with random
 page sizes, chunk and prefill budgets, FIFO or LPM, and all three worker types.
 After every step:
-* every registered invariant holds (ledger machines, queues, roles, lock counts,
-  the quirk-aware slot conservation SG-34 with SGQ-3 / SGQ-4, the ratio range);
+* every registered invariant holds (ledger machines, queues SG-4 with SGQ-10, roles,
+  lock counts SG-35, the quirk-aware slot conservation SG-34 with SGQ-3 / SGQ-4, the ratio
+  range SG-9);
 * a rejected command raised before anything changed (the old core is kept and is
   still valid);
 * the transition is pure: running it again on the same input gives an equal core
