@@ -41,17 +41,23 @@ def cmd_transitions(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_invariants(args: argparse.Namespace, console: Console) -> int:
-    """Print the invariant registry."""
+    """Print the invariant registry: one entry per invariant, name and rule id first (never wrapped,
+    they are what people search for), then what it applies to and its statement."""
+    import textwrap
+
     import invariants
 
-    table = Table(title="mocker-spec invariants")
-    for col in ("name", "rule", "applies to", "quirk", "statement"):
-        table.add_column(col)
+    console.print(f"[bold]mocker-spec invariants[/] ({len(invariants.REGISTRY)})", highlight=False)
+    width = max(console.width - 4, 40)
     for inv in invariants.REGISTRY:
         applies = inv.applies_to if isinstance(inv.applies_to, tuple) else (inv.applies_to,)
-        table.add_row(inv.name, inv.rule, ", ".join(c.__name__ for c in applies), inv.quirk or "",
-                      " ".join((inv.doc or "").split()))
-    console.print(table)
+        head = f"[bold]{inv.name}[/]  {inv.rule}"
+        if inv.quirk:
+            head += f"  quirk {inv.quirk}"
+        head += "  on " + ", ".join(c.__name__ for c in applies)
+        console.print(head, highlight=False, no_wrap=True, overflow="ignore", crop=False)
+        for line in textwrap.wrap(" ".join((inv.doc or "").split()), width):
+            console.print("    " + line, highlight=False, markup=False)
     return 0
 
 
