@@ -418,6 +418,32 @@ def generate(seq: ActiveSequence) -> tuple[ActiveSequence, tuple[Signal, ...]]:
     return seq2, signals + _free_signals(seq2, len(seq2))
 
 
+def generate_quiet(seq: ActiveSequence) -> Optional[ActiveSequence]:
+    """SEQ-7/SEQ-8 fast path: the sequence :func:`generate` returns when it returns no signal
+    (the new token opens no block and is not the last one), else ``None``.
+
+    Equal to ``generate(seq)[0]`` whenever ``generate(seq)[1] == ()``; the engine core calls it
+    once per decoding request per pass before falling back to :func:`generate`.
+    """
+    gen = seq.generated
+    n_gen = len(gen) + 1
+    if n_gen >= seq.max_output_tokens or (len(seq.prompt) + n_gen) % seq.block_size == 1:
+        return None
+    return ActiveSequence(
+        seq.request_key,
+        seq.prompt,
+        seq.block_size,
+        seq.max_output_tokens,
+        seq.enable_prefix_caching,
+        seq.emit_token_ids,
+        gen.append(_MODEL_TOKEN),
+        seq.num_allocated_tokens,
+        seq.unique_blocks,
+        seq.block_hashes,
+        seq.plhs,
+    )
+
+
 def free_signal(seq: ActiveSequence) -> tuple[Deref, ...]:
     """SEQ-9: Derefs for the allocated footprint ``ceil(num_allocated / bs)``, last first."""
     return _free_signals(seq, seq.num_allocated_tokens)

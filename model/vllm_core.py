@@ -199,6 +199,7 @@ class _Txn:
         self.attempts = core.destination_reservation_attempts
         self.kv_events: List[object] = []
         self.lifecycle_events: List[object] = []
+        self.frozen: Optional[VllmCore] = None  # the core a pass ends with (set by execute_pass)
 
     def freeze(self) -> VllmCore:
         return VllmCore(
@@ -317,11 +318,16 @@ class _Txn:
     def compact_running(self) -> None:
         """VLLM-2: rebuild the running deque with only live running entries."""
         kept = []
+        get = self.requests.get
+        members = self.running_members
+        running = RequestStatus.RUNNING
         for uuid in self.running:
-            if self._is_running(uuid):
-                kept.append(uuid)
-            else:
-                self.running_members.discard(uuid)
+            if uuid in members:
+                req = get(uuid)
+                if req is not None and req.status is running:
+                    kept.append(uuid)
+                    continue
+            members.discard(uuid)
         self.running = kept
 
     def transition_to_running(self, uuid: RequestId) -> None:
@@ -550,19 +556,23 @@ class _Txn:
 
         A ``Blocked`` return keeps any partial allocation (VLLM-Q2); a fully cached prompt is
         scheduled with no budget (VLLM-Q7)."""
-        req = self.requests[uuid]
-        if req.num_computed_tokens == 0:
-            cached = cost.cached_tokens if cost is not None else self.prefill_cost(req.sequence).cached_tokens
+        requests = self.requests
+        req = requests[uuid]
+        seq = req.sequence
+        computed = req.num_computed_tokens
+        if computed == 0:
+            cached = cost.cached_tokens if cost is not None else self.prefill_cost(seq).cached_tokens
         else:
             cached = 0
-        effective_before = req.num_computed_tokens + cached
-        prompt_len = req.sequence.num_input_tokens
+        effective_before = computed + cached
+        prompt_len = len(seq.prompt)
         prompt_before = min(effective_before, prompt_len)
-        remaining = max(len(req.sequence) - effective_before, 0)
+        remaining = max(prompt_len + len(seq.generated) - effective_before, 0)
         prompt_remaining = max(prompt_len - prompt_before, 0)
-        if prompt_remaining > 0 and not self.args.enable_chunked_prefill and prompt_remaining > p.budget:
+        budget = p.budget
+        if prompt_remaining > 0 and not self.args.enable_chunked_prefill and prompt_remaining > budget:
             return _BLOCKED
-        desired = min(remaining, p.budget)
+        desired = min(remaining, budget)
         if desired == 0 and remaining > 0:
             return _BLOCKED
         target = effective_before + desired
@@ -570,15 +580,21 @@ class _Txn:
         bs = self.args.block_size
         # VLLM-7: the allocation loop; VLLM-8: preempt and retry on a short allocation
         while True:
-            req = self.requests[uuid]
-            prev_alloc = req.sequence.num_allocated_tokens
+            req = requests[uuid]
+            seq = req.sequence
+            prev_alloc = seq.num_allocated_tokens
             if target <= prev_alloc:
-                self._update(uuid, num_computed_tokens=actual)
+                requests[uuid] = VllmRequest(req.uuid, seq, req.status, actual, req.num_preemptions)
                 break
-            signal = seqm.prepare_allocation(req.sequence, target)
-            if signal is None:
-                self._update(uuid, sequence=seqm.commit_allocation(req.sequence, target), num_computed_tokens=actual)
+            # SEQ-6: prepare_allocation yields no signal iff the target needs no new unique block
+            sbs = seq.block_size
+            n_ub = len(seq.unique_blocks)
+            if min(-(-target // sbs), n_ub) <= min(-(-prev_alloc // sbs), n_ub):
+                requests[uuid] = VllmRequest(
+                    req.uuid, seqm.commit_allocation(seq, target), req.status, actual, req.num_preemptions
+                )
                 break
+            signal = seqm.prepare_allocation(seq, target)
             expected = len(signal.blocks)
             got = self.process(signal)
             req = self.requests[uuid]
@@ -613,7 +629,8 @@ class _Txn:
             if victim_id == uuid:
                 return _CURRENT_PREEMPTED
         used = max(actual - effective_before, 0)
-        seq_len = len(self.requests[uuid].sequence) if uuid in self.requests else 0
+        req = requests.get(uuid)
+        seq_len = len(req.sequence) if req is not None else 0
         if used == 0 and actual < seq_len:
             return _BLOCKED
         prompt_after = min(actual, prompt_len)
@@ -635,15 +652,19 @@ class _Txn:
         ``max_output_tokens = 0`` is never ready (VLLM-Q4); the final token may allocate (VLLM-Q6)."""
         ready = []
         total_length = 0
+        requests = self.requests
+        get = requests.get
         for uuid in self.running:
-            req = self.requests.get(uuid)
+            req = get(uuid)
             if req is None:
                 continue
             seq = req.sequence
-            if req.num_computed_tokens < len(seq) or seq.generated_tokens >= seq.max_output_tokens:
+            n_gen = len(seq.generated)
+            length = len(seq.prompt) + n_gen
+            if req.num_computed_tokens < length or n_gen >= seq.max_output_tokens:
                 continue
             ready.append(uuid)
-            total_length += len(seq)
+            total_length += length
         if not ready:
             return 0, decode_start_ms, []
         decode_ns = timing.vllm_decode_duration_ns(len(ready), total_length, self.num_active_blocks(), self.args)
@@ -653,7 +674,20 @@ class _Txn:
             decode_end_ms = timing.advance_ms(decode_start_ms, decode_ns)
         signals: List[OutputSignal] = []
         running_changed = False
+        running_members = self.running_members
+        generate_quiet = seqm.generate_quiet
         for uuid in ready:
+            if uuid in running_members:
+                req = get(uuid)
+                if req is not None:
+                    new_seq = generate_quiet(req.sequence)
+                    if new_seq is not None:
+                        # no block signal and not the last token: emitted, not completed (no delay)
+                        requests[uuid] = VllmRequest(
+                            req.uuid, new_seq, req.status, req.num_computed_tokens, req.num_preemptions
+                        )
+                        signals.append(OutputSignal(uuid, False, False, None))
+                        continue
             emitted = False
             completed = False
             deferred: Tuple[seqm.Deref, ...] = ()
@@ -781,7 +815,8 @@ class _Txn:
         visible, forwards = accept_length_sample(signals)
         lifecycle = tuple(self.lifecycle_events)
         self.lifecycle_events = []
-        _ = self.kv  # close the KV session so kv_events is complete
+        frozen = self.freeze()  # closes the KV session, so kv_events is complete
+        self.frozen = frozen
         return PassResult(
             now_ms=now_ms,
             end_ms=end_ms,
@@ -790,7 +825,7 @@ class _Txn:
             output_signals=tuple(signals),
             admissions=tuple(admissions),
             lifecycle_events=lifecycle,
-            metrics=self.freeze().metrics(),
+            metrics=frozen.metrics(),
             router_event_visibility="pass_start",
             kv_events=tuple(self.kv_events),
             fpm=fpm,
@@ -859,7 +894,7 @@ class _Ops:
     def execute_pass(core: VllmCore, now_ms: float):
         txn = _Txn(core)
         result = txn.execute_pass(now_ms)
-        return txn.freeze(), result
+        return txn.frozen, result  # frozen once, at the end of the pass
 
     @staticmethod
     def retry_pending_destinations(core: VllmCore, now_ms: Optional[float] = None):
