@@ -449,19 +449,24 @@ class TraceCollector:
     def on_tokens(self, uuids, token_time_ms: float) -> "TraceCollector":
         """``on_token`` for each uuid in order, all stamped ``token_time_ms`` (one pass's tokens).
 
-        Equal to calling :meth:`on_token` once per uuid; built with one map evolver."""
+        Equal to calling :meth:`on_token` once per uuid; the new timelines are collected in a
+        local map (a repeated uuid sees its earlier token) and set with one map evolver."""
         requests = self.requests
-        ev = None
+        get = requests.get
+        changed: dict = {}
         t = float(token_time_ms)
         for uuid in uuids:
-            tl = requests.get(uuid) if ev is None else _ev_get(ev, uuid)
+            tl = changed.get(uuid)
             if tl is None:
-                continue
-            if ev is None:
-                ev = requests.evolver()
-            ev.set(uuid, _with_token(tl, t))
-        if ev is None:
+                tl = get(uuid)
+                if tl is None:
+                    continue
+            changed[uuid] = _with_token(tl, t)
+        if not changed:
             return self
+        ev = requests.evolver()
+        for uuid, tl in changed.items():
+            ev.set(uuid, tl)
         return TraceCollector(ev.persistent(), self.order, self.capture_per_request, self.sla, self.accounting)
 
     def request_latencies(self, uuid: str) -> tuple[float, float] | None:
@@ -473,24 +478,50 @@ class TraceCollector:
         return tl.ttft_ms, (0.0 if tpot is None else tpot)
 
 
-def _ev_get(ev, key):
-    try:
-        return ev[key]
-    except KeyError:
-        return None
-
-
 _TIMELINE_FIELDS = tuple(f.name for f in attrs.fields(RequestTimeline))
+_new = object.__new__
+_set = object.__setattr__
 
 
 def _with_token(tl: "RequestTimeline", t: float) -> "RequestTimeline":
     """``attrs.evolve(tl, token_times_ms=...append(t))`` without evolve's per-call introspection:
-    a fresh copy is filled field by field before anyone can see it (hot path: one call per token)."""
-    new = object.__new__(RequestTimeline)
-    for name in _TIMELINE_FIELDS:
-        object.__setattr__(new, name, getattr(tl, name))
-    object.__setattr__(new, "token_times_ms", tl.token_times_ms.append(t))
+    a fresh copy is filled field by field before anyone can see it (hot path: one call per token;
+    every field of :class:`RequestTimeline` is listed, checked below)."""
+    new = _new(RequestTimeline)
+    _set(new, "uuid", tl.uuid)
+    _set(new, "arrival_time_ms", tl.arrival_time_ms)
+    _set(new, "input_length", tl.input_length)
+    _set(new, "output_length", tl.output_length)
+    _set(new, "first_admit_ms", tl.first_admit_ms)
+    _set(new, "token_times_ms", tl.token_times_ms.append(t))
+    _set(new, "reused_input_tokens", tl.reused_input_tokens)
+    _set(new, "first_admission_reused_input_tokens", tl.first_admission_reused_input_tokens)
+    _set(new, "prefill_worker_idx", tl.prefill_worker_idx)
+    _set(new, "decode_worker_idx", tl.decode_worker_idx)
+    _set(new, "session_id", tl.session_id)
+    _set(new, "turn_index", tl.turn_index)
+    _set(new, "prefill_reused_input_tokens", tl.prefill_reused_input_tokens)
+    _set(new, "prefill_admit_ms", tl.prefill_admit_ms)
+    _set(new, "source_held_ms", tl.source_held_ms)
+    _set(new, "destination_reserved_ms", tl.destination_reserved_ms)
+    _set(new, "destination_activated_ms", tl.destination_activated_ms)
+    _set(new, "decode_admit_ms", tl.decode_admit_ms)
+    _set(new, "source_released_ms", tl.source_released_ms)
+    _set(new, "decode_reused_input_tokens", tl.decode_reused_input_tokens)
+    _set(new, "prefill_route_overlap_tokens", tl.prefill_route_overlap_tokens)
+    _set(new, "decode_route_overlap_tokens", tl.decode_route_overlap_tokens)
+    _set(new, "terminal_status", tl.terminal_status)
     return new
+
+
+assert _TIMELINE_FIELDS == (
+    "uuid", "arrival_time_ms", "input_length", "output_length", "first_admit_ms", "token_times_ms",
+    "reused_input_tokens", "first_admission_reused_input_tokens", "prefill_worker_idx", "decode_worker_idx",
+    "session_id", "turn_index", "prefill_reused_input_tokens", "prefill_admit_ms", "source_held_ms",
+    "destination_reserved_ms", "destination_activated_ms", "decode_admit_ms", "source_released_ms",
+    "decode_reused_input_tokens", "prefill_route_overlap_tokens", "decode_route_overlap_tokens",
+    "terminal_status",
+), "_with_token must copy every RequestTimeline field"
 
 
 # ---------------------------------------------------------------------------
