@@ -2,7 +2,8 @@
 
 Each case is a pure function of ``(seed, index)``: aggregated vLLM / TRT-LLM / SGLang with 1-3
 workers, or disaggregated vLLM / SGLang with 1-2 workers per pool; tight KV pools, chunked
-prefill on and off, prefix sharing through common leading hash ids, speed-ups, FIFO and LIFO
+prefill on and off (SGLang: small ``sglang.chunked_prefill_size``), the SGLang LPM policy and
+prefill budgets, prefix sharing through common leading hash ids, speed-ups, FIFO and LIFO
 preemption, arrival speed-ups.  ``mocker-spec gen-cases`` writes them and, with ``--record``,
 records the compiled reference's outputs next to them (expected.*), so that
 ``mocker-spec diff --corpus DIR`` can compare the oracle with the reference.
@@ -14,7 +15,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 KINDS = (
     ("agg", "vllm"),
@@ -25,8 +26,9 @@ KINDS = (
 )
 
 
-def _engine_args(rng: random.Random, engine: str, worker_type: str, max_isl: int) -> Dict[str, Any]:
-    bs = rng.choice([1, 4, 8, 16, 32] if engine == "sglang" else [4, 8, 16, 32])
+def _engine_args(rng: random.Random, engine: str, worker_type: str, max_isl: int,
+                 block_size: Optional[int] = None) -> Dict[str, Any]:
+    bs = block_size if block_size is not None else rng.choice([1, 4, 8, 16, 32] if engine == "sglang" else [4, 8, 16, 32])
     need = math.ceil(max_isl / bs)
     tight = rng.random() < 0.6
     blocks = rng.randint(need + 1, need * 3) if tight else rng.randint(need * 4, need * 30)
@@ -44,6 +46,23 @@ def _engine_args(rng: random.Random, engine: str, worker_type: str, max_isl: int
         args["decode_speedup_ratio"] = rng.choice([0.5, 2.0])
     if rng.random() < 0.3 and engine == "vllm":
         args["preemption_mode"] = "fifo"
+    if engine == "sglang" and rng.random() < 0.6:
+        # SGLang reads its own sub-arguments (spec/engine-args.md ARGS-12): chunking only happens
+        # below the 8192-token default chunk, and the LPM policy only when asked for.  Every
+        # chunk size here is a multiple of every SGLang block size drawn above (ARGS-9).
+        sg: Dict[str, Any] = {}
+        if rng.random() < 0.6:
+            sg["chunked_prefill_size"] = rng.choice([64, 128, 256])
+        if rng.random() < 0.5:
+            sg["schedule_policy"] = rng.choice(["lpm", "fifo"])
+        if rng.random() < 0.3:
+            sg["max_prefill_tokens"] = rng.choice([256, 1024])
+        if rng.random() < 0.3:
+            sg["clip_max_new_tokens"] = rng.choice([8, 32])
+        if rng.random() < 0.3:
+            sg["schedule_conservativeness"] = rng.choice([0.3, 2.0])
+        if sg:
+            args["sglang"] = sg
     return args
 
 
@@ -81,9 +100,10 @@ def generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str,
         case["num_workers"] = rng.randint(1, 3)
     else:
         case["prefill_engine_args"] = _engine_args(rng, engine, "prefill", max_isl)
-        case["decode_engine_args"] = _engine_args(rng, engine, "decode", max_isl)
-        if engine == "sglang":  # both pools must agree on the page size
-            case["decode_engine_args"]["block_size"] = case["prefill_engine_args"]["block_size"]
+        # both pools must use one block size (spec/replay.md DRV-1), so the decode pool's
+        # tightness is drawn against the prefill pool's block size
+        bs = case["prefill_engine_args"]["block_size"]
+        case["decode_engine_args"] = _engine_args(rng, engine, "decode", max_isl, block_size=bs)
         case["num_prefill_workers"] = rng.randint(1, 2)
         case["num_decode_workers"] = rng.randint(1, 2)
     if rng.random() < 0.2:

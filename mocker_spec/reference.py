@@ -120,7 +120,13 @@ try:
     import dynamo._core as c
 except Exception as exc:
     emit({"status": "error", "message": "compiled reference not installed: %r" % (exc,)}); sys.exit(0)
-mk = lambda a: c.MockEngineArgs(**a)
+def mk(a):
+    # nested sub-arguments are keyword arguments of their own constructors (ARGS-11)
+    a = dict(a)
+    for key, cls in (("sglang", "SglangArgs"), ("trtllm", "TrtllmArgs")):
+        if isinstance(a.get(key), dict):
+            a[key] = getattr(c, cls)(**a[key])
+    return c.MockEngineArgs(**a)
 kw = dict(router_mode=job.get("router_mode", "round_robin"),
           arrival_speedup_ratio=job.get("arrival_speedup_ratio", 1.0))
 if job.get("replay_concurrency") is not None:

@@ -616,3 +616,65 @@ def test_compare_reports_first_divergent_field():
     div = compare(Outcome("ok", "", {}, [dict(row, ttft_ms=1.5)]), Outcome("ok", "", {}, [dict(row, uuid="b")]))
     assert div.where == "record" and div.field == "ttft_ms" and div.ours == 1.5 and div.reference == 1.0
     assert compare(Outcome("ok", "", {}, [dict(row, ttft_ms=1.0 + 1e-15)]), Outcome("ok", "", {}, [row])) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# seeded fresh cases (mocker_spec/casegen.py; spec/fidelity.md) and the hangs they found
+# ---------------------------------------------------------------------------------------------
+
+
+def test_casegen_family_1_covers_the_fidelity_matrix_with_valid_setups():
+    """The 220 cases of spec/fidelity.md: every engine/runtime kind and worker count, and only
+    setups that pass DRV-1 (equal block sizes across the pools) and ARGS-9 (SGLang chunk sizes
+    divisible by the block size), so no case is spent on a validation error."""
+    from mocker_spec.casegen import KINDS, generate_case
+    from mocker_spec.reference import setup_from_job
+
+    kinds, agg_workers, pools, features = set(), set(), set(), set()
+    for i in range(220):
+        case, rows = generate_case(1, i)
+        assert generate_case(1, i) == (case, rows)  # a pure function of (seed, index)
+        args = [case["engine_args"]] if case["mode"] == "agg" else [case["prefill_engine_args"], case["decode_engine_args"]]
+        kinds.add((case["mode"], args[0]["engine_type"]))
+        if case["mode"] == "agg":
+            agg_workers.add(case["num_workers"])
+        else:
+            pools.add((case["num_prefill_workers"], case["num_decode_workers"]))
+            assert args[0]["block_size"] == args[1]["block_size"]
+        check_setup(setup_from_job(case))
+        longest = max(r["input_length"] for r in rows)
+        for a in args:
+            sg = a.get("sglang") or {}
+            if "chunked_prefill_size" in sg:
+                assert sg["chunked_prefill_size"] % a["block_size"] == 0
+                if sg["chunked_prefill_size"] < longest:
+                    features.add("sglang chunks")
+            if sg.get("schedule_policy") == "lpm":
+                features.add("lpm")
+            if a["engine_type"] != "sglang" and a.get("max_num_batched_tokens", 8192) < longest:
+                features.add("vllm chunks")
+            if a["num_gpu_blocks"] <= 3 * -(-longest // a["block_size"]):
+                features.add("tight kv")
+        if len({tuple(r["hash_ids"][:1]) for r in rows}) < len(rows):
+            features.add("prefix sharing")
+        if case.get("arrival_speedup_ratio", 1.0) != 1.0:
+            features.add("arrival speed-up")
+    assert kinds == set(KINDS)
+    assert agg_workers == {1, 2, 3}
+    assert pools == {(1, 1), (1, 2), (2, 1), (2, 2)}
+    assert features == {"sglang chunks", "lpm", "vllm chunks", "tight kv", "prefix sharing", "arrival speed-up"}
+
+
+@pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
+def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
+    """LIVE-5: the compiled build hangs on both (recorded as timeout). SGLang variant on the
+    decode pool (a lone running request cannot reserve its next token slot, the snapshot still
+    counts it as scheduled); vLLM on the prefill pool (a request admits itself and preempts itself
+    back)."""
+    from mocker_spec.reference import load_case, run_model
+
+    job, ref = load_case(GOLDENS / case)
+    assert ref.status == "timeout"
+    ours = run_model(job)
+    assert ours.status == "livelock"
+    assert ours.message.startswith(f"livelock: {stage} worker"), ours.message.splitlines()[0]
