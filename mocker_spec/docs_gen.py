@@ -264,11 +264,11 @@ def gen_rule_index(root: pathlib.Path) -> Dict[str, str]:
         for r in rules:
             d = defs[r]
             idcell = f'<a id="{rule_anchor(r)}"></a>[{r}]({up}{d.spec}#{d.anchor})'
-            rows.append((idcell, d.title, f"{d.spec}:{d.line}",
+            rows.append((idcell, d.title, d.spec,
                          _scope_list(up, code.get(r, {})) or "-",
                          ", ".join(f"`{n}`" for n in inv_by_rule.get(r, [])) or "-",
                          _scope_list(up, tests.get(r, {})) or "-"))
-        out.append(_table(("rule", "title", "defined", "code", "invariants", "tests"), rows))
+        out.append(_table(("rule", "title", "spec", "code", "invariants", "tests"), rows))
     undefined = sorted((r for r in code if r not in defs and _looks_like_rule(r, defs, code)), key=_rule_sort_key)
     out.append("\n## Cited but not defined in spec/\n")
     out.append("Rule ids the code cites that no spec file defines yet (areas with at least three such "
@@ -352,7 +352,7 @@ def _gen_quirks(root, defs, code, tests, undefined) -> str:
     qword = re.compile(r"\bquirks?\b", re.IGNORECASE)
     for path in spec_files(root):
         last_rule = ""
-        for line_no, anchor, text in _paragraphs(path):
+        for _line, anchor, text in _paragraphs(path):
             if text is None:
                 last_rule = ""
                 continue
@@ -367,7 +367,7 @@ def _gen_quirks(root, defs, code, tests, undefined) -> str:
                     if len(s) > 260:
                         s = s[:257].rstrip() + "..."
                     rule = f"[{last_rule}](rule-index.md#{rule_anchor(last_rule)})"
-                    notes.append((rule, f"[spec/{path.name}:{line_no}]({up}spec/{path.name}#{anchor})", s))
+                    notes.append((rule, f"[spec/{path.name}]({up}spec/{path.name}#{anchor})", s))
     out.append(_table(("rule", "where", "note"), notes) if notes else "None.\n")
     return "\n".join(out)
 
