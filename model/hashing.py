@@ -119,7 +119,11 @@ class Plh(tuple):
 
     def lineage_key(self) -> tuple[int, int]:
         """Key of this block's node in the lineage index: ``(position, own fragment)``."""
-        return (self[0], self.fragment_for_child_position(self[0] + 1))
+        pos = self[0]
+        child = pos + 1
+        if child < 256:  # plh_fragment_bits inlined (hot: every lineage-index operation)
+            return (pos, self[1] & 0x3FFFFFFFFFFFFF)
+        return (pos, self.fragment_for_child_position(child))
 
     def parent_key(self) -> tuple[int, int] | None:
         """Key of the parent node, ``(position - 1, parent_fragment)``; None at position 0."""
@@ -160,6 +164,14 @@ def generated_token(request_key: int, position: int) -> int:
     """HASH-5a: value (u32) of the model-generated token at ``position`` of a request."""
     data = b"T" + _key_bytes(request_key) + _U64.pack(position)
     return xxhash.xxh3_64_intdigest(data, seed=XXH3_SEED) & 0xFFFFFFFF
+
+
+def generated_tokens(request_key: int, start: int, end: int) -> list[int]:
+    """HASH-5a for the positions ``start..end-1``: ``[generated_token(request_key, i) ...]``."""
+    prefix = b"T" + _key_bytes(request_key)
+    pack = _U64.pack
+    digest = xxhash.xxh3_64_intdigest
+    return [digest(prefix + pack(i), seed=XXH3_SEED) & 0xFFFFFFFF for i in range(start, end)]
 
 
 def generated_block_hash(tokens: Sequence[int], request_key: int) -> int:

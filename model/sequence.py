@@ -25,6 +25,7 @@ from model.hashing import (
     chain_hash,
     generated_block_hash,
     generated_token,
+    generated_tokens,
     private_block_id,
     tokens_hash,
 )
@@ -176,9 +177,24 @@ class ActiveSequence:
         return tok
 
     def block_tokens(self, index: int) -> tuple[int, ...]:
-        """Tokens of full block ``index``."""
+        """Tokens of full block ``index`` (``token_at`` of each position, model tokens hashed in one batch)."""
         bs = self.block_size
-        return tuple(self.token_at(i) for i in range(index * bs, (index + 1) * bs))
+        start, end = index * bs, (index + 1) * bs
+        p = len(self.prompt)
+        if end <= p:
+            return self.prompt[start:end]
+        gen = self.generated
+        lo = max(start, p)
+        out = list(self.prompt[start:p]) if start < p else []
+        explicit = gen[lo - p:end - p]
+        if len(explicit) != end - lo:  # past the known tokens: token_at raises
+            return tuple(self.token_at(i) for i in range(start, end))
+        if all(t is _MODEL_TOKEN for t in explicit):
+            out.extend(generated_tokens(self.request_key, lo, end))
+        else:
+            for i, tok in enumerate(explicit, lo):
+                out.append(generated_token(self.request_key, i) if tok is _MODEL_TOKEN else tok)
+        return tuple(out)
 
     def block_token_ids(self) -> tuple[tuple[int, ...], ...]:
         """Token lists of every full block of the current tokens."""

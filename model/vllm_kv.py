@@ -460,7 +460,7 @@ class _Txn:
 
     def publish_stored(self, seq_hashes, local_hashes, parent_hash, token_ids) -> None:
         """KV-21: one Stored event; ``tokens_hash`` is the i-th local hash or 0."""
-        if not seq_hashes:
+        if not seq_hashes or not self.s.publish_events:
             return
         blocks = tuple(
             StoredBlock(h, local_hashes[i] if i < len(local_hashes) else 0)
