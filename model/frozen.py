@@ -4,8 +4,9 @@ pyrsistent's ``PMap`` is implemented in Python and costs microseconds per
 lookup; the engine cores read their request maps thousands of times per pass.
 ``FrozenDict`` is a ``dict`` subclass whose mutating methods raise, with a
 cached hash: reads run at dict speed and a transaction copies it in C
-(``dict(frozen)``) and freezes the copy again.  It is used where a whole map
-is rebuilt per operation anyway; pyrsistent stays where structural sharing pays.
+(:func:`draft`) and freezes the copy in place (:func:`adopt`).  It is used where
+a whole map is rebuilt per operation anyway; pyrsistent stays where structural
+sharing pays.
 """
 
 from __future__ import annotations
@@ -46,3 +47,23 @@ class FrozenDict(dict):
 
 
 EMPTY = FrozenDict()
+
+
+class _Draft(dict):
+    """A transaction's working copy of a map: a mutable dict with the layout of :class:`FrozenDict`."""
+
+    __slots__ = ("_hash",)
+
+
+def draft(src: Any = ()) -> dict:
+    """A mutable working copy of ``src`` for one transaction, to be frozen with :func:`adopt`."""
+    return _Draft(src)
+
+
+def adopt(d: dict) -> FrozenDict:
+    """Freeze a transaction's draft without copying it (the draft becomes the frozen map; the
+    transaction must not touch it afterwards).  Any other mapping is copied."""
+    if type(d) is _Draft:
+        d.__class__ = FrozenDict
+        return d  # type: ignore[return-value]
+    return d if type(d) is FrozenDict else FrozenDict(d)

@@ -30,7 +30,7 @@ from .core import MockerMetrics, PassResult, RetryEffects
 from .engine_args import EngineArgs, EngineType, PreemptionMode, WorkerType
 from .errors import DestinationPromptTooLarge, DestinationUnsupported, InternalInvariantBroken, RequestAlreadyActive
 from .frozen import EMPTY as FROZEN_EMPTY
-from .frozen import FrozenDict
+from .frozen import FrozenDict, adopt, draft
 from .fpm import ForwardPassSnapshot, accept_length_sample, build_fpm_snapshot
 from .ids import HandoffId, RequestId
 from .ledger import HandoffLedger
@@ -189,7 +189,7 @@ class _Txn:
         self.args = core.args
         self._kv_state = core.kv
         self._kvs: Optional[kvm.KvSession] = None
-        self.requests: Dict[RequestId, VllmRequest] = dict(core.requests)
+        self.requests: Dict[RequestId, VllmRequest] = draft(core.requests)
         self.waiting: List[RequestId] = list(core.waiting)
         self.waiting_members = set(core.waiting_members)
         self.running: List[RequestId] = list(core.running)
@@ -202,11 +202,12 @@ class _Txn:
         self.frozen: Optional[VllmCore] = None  # the core a pass ends with (set by execute_pass)
 
     def freeze(self) -> VllmCore:
+        """The new core (called once, at the end of the operation: the request map is frozen in place)."""
         return VllmCore(
             args=self.args,
             dp_rank=self.core.dp_rank,
             kv=self.kv,
-            requests=FrozenDict(self.requests),
+            requests=adopt(self.requests),
             waiting=pvector(self.waiting),
             waiting_members=frozenset(self.waiting_members),
             running=pvector(self.running),

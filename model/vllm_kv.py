@@ -27,7 +27,7 @@ from pyrsistent import PMap, PVector, pmap, pvector
 
 from model.errors import CommandRejected, InternalInvariantBroken, InvalidInput
 from model.frozen import EMPTY as FROZEN_EMPTY
-from model.frozen import FrozenDict
+from model.frozen import FrozenDict, adopt, draft
 from model.hashing import Plh
 from model.kv_events import KvCacheEvent, KvRemoved, KvStored, StoredBlock
 from model.sequence import (
@@ -133,21 +133,21 @@ class _LineageTxn:
     __slots__ = ("nodes", "leaves", "heap", "heap_len", "next_tick", "count")
 
     def __init__(self, idx: LineageIndex) -> None:
-        self.nodes = dict(idx.nodes)
-        self.leaves = dict(idx.leaves)
+        self.nodes = draft(idx.nodes)
+        self.leaves = draft(idx.leaves)
         self.heap = idx.heap
         self.heap_len = idx.heap_len
         self.next_tick = idx.next_tick
         self.count = idx.count
 
     def finish(self) -> LineageIndex:
-        leaves = FrozenDict(self.leaves)
+        leaves = adopt(self.leaves)
         heap, heap_len = self.heap, self.heap_len
         if heap_len > 2 * len(leaves) + 64:
             # drop dead entries (KV-17 bookkeeping only; no semantic effect)
             heap = _heap_build(sorted((t, k) for t, k in leaves.items()))
             heap_len = len(leaves)
-        return LineageIndex(FrozenDict(self.nodes), leaves, heap, heap_len, self.next_tick, self.count)
+        return LineageIndex(adopt(self.nodes), leaves, heap, heap_len, self.next_tick, self.count)
 
     def _add_leaf(self, key, tick: int) -> None:
         self.leaves[tick] = key
@@ -422,10 +422,10 @@ class _Txn:
         self.s = s
         self.reset = s.reset
         self.mutable = s.mutable
-        self.registry = dict(s.registry)
-        self.shadow = dict(s.shadow)
-        self.active_full = dict(s.active_full)
-        self.active_partial = dict(s.active_partial)
+        self.registry = draft(s.registry)
+        self.shadow = draft(s.shadow)
+        self.active_full = draft(s.active_full)
+        self.active_partial = draft(s.active_partial)
         self.lineage = _LineageTxn(s.lineage)
         self.events: list[KvCacheEvent] = []
         self.next_event_id = s.next_event_id
@@ -439,10 +439,10 @@ class _Txn:
             s.publish_events,
             self.reset,
             self.mutable,
-            FrozenDict(self.registry),
-            FrozenDict(self.shadow),
-            FrozenDict(self.active_full),
-            FrozenDict(self.active_partial),
+            adopt(self.registry),
+            adopt(self.shadow),
+            adopt(self.active_full),
+            adopt(self.active_partial),
             self.lineage.finish(),
             s.destinations if destinations is None else destinations,
             s.decode_reservations if decode_reservations is None else decode_reservations,
