@@ -11,6 +11,7 @@ from model.errors import RequestAlreadyActive
 from model.handoff_commands import MissingRequestId
 from model.ids import HandoffId, RequestId
 from model.protocol import (
+    Applied,
     CancelDestination,
     DestinationAccepted,
     DestinationReserved,
@@ -84,3 +85,72 @@ def test_observers_follow_a_request_through_the_queues(engine):
     assert C.request_status(core, RequestId("a")) == "running"
     assert C.queues(core) == ((), (RequestId("a"),))
     assert C.request_status(core, RequestId("zz")) is None
+
+
+# -- suspected upstream defects reproduced as rules (spec/model-checking.md §6, class (b)) --------
+
+def _tight(engine):
+    """A pool with room for exactly one 8-token destination (vLLM: 2 blocks of 4; SGLang: 8 slots)."""
+    if engine == "vllm":
+        return C.new_core(engine_args_from_json({"engine_type": "vllm", "num_gpu_blocks": 2, "block_size": 4}))
+    return C.new_core(engine_args_from_json({"engine_type": "sglang", "num_gpu_blocks": 8, "block_size": 1}))
+
+
+def _queue_two_behind_a_holder(engine):
+    """hX reserved (fills the pool), then hA and hB queued behind it with admission allowed: the
+    probes fail for want of space, so both stay pending (A at the head)."""
+    core = _tight(engine)
+    core, eff = C.apply_command_effects(core, ReserveDestination("hX", DirectRequest([9] * 8, 1, "x")), True)
+    assert eff.lifecycle_events == (DestinationReserved("hX", "x", 8),)
+    for h, r, tok in (("hA", "a", 1), ("hB", "b", 2)):
+        core, eff = C.apply_command_effects(core, ReserveDestination(h, DirectRequest([tok] * 4, 1, r)), True)
+        assert eff.lifecycle_events == ()
+    assert len(core.ledger.pending_destinations) == 2
+    return core
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_s2_apply_command_drops_the_retrys_destination_reserved(engine):
+    """CMD-9 (upstream S2): cancelling the holder frees the pool and the retry reserves the head;
+    ``apply_command_effects`` reports DestinationReserved(hA), ``apply_command`` returns only
+    ``Applied`` -- yet the reservation is in the core either way."""
+    core = _queue_two_behind_a_holder(engine)
+    with_events, eff = C.apply_command_effects(core, CancelDestination("hX"), True)
+    assert eff.result == Applied() and [e.handoff_id for e in eff.lifecycle_events] == [HandoffId("hA")]
+    silent, result = C.apply_command(core, CancelDestination("hX"))
+    assert result == Applied()
+    assert silent.ledger.destination_holds.contains(HandoffId("hA"))
+    assert silent == with_events
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_s3_cancel_retries_even_without_destination_admission(engine):
+    """CMD-9 (upstream S3): ``allow_destination_admission=False`` does not stop the retry that an
+    applied cancel runs: the head is reserved anyway."""
+    core = _queue_two_behind_a_holder(engine)
+    core, eff = C.apply_command_effects(core, CancelDestination("hX"), False)
+    assert [e.handoff_id for e in eff.lifecycle_events] == [HandoffId("hA")]
+    assert core.ledger.destination_holds.contains(HandoffId("hA"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_s4_one_reservation_per_retry(engine):
+    """RETRY-4 (upstream S4): the freed 8 tokens would hold both 4-token destinations, but one
+    retry reserves only the head; B stays pending until the next capacity change or retry call."""
+    core = _queue_two_behind_a_holder(engine)
+    core, eff = C.apply_command_effects(core, CancelDestination("hX"), True)
+    assert len(eff.lifecycle_events) == 1
+    assert core.ledger.pending_destinations.contains_handoff(HandoffId("hB"))
+    assert not core.ledger.destination_holds.contains(HandoffId("hB"))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_s14_cancelling_a_non_head_pending_entry_bumps_the_generation(engine):
+    """CMD-8 step 1 (upstream S14): cancelling B, which is pending behind the head A, frees no KV
+    but still bumps the capacity generation (and the retry it triggers probes A again)."""
+    core = _queue_two_behind_a_holder(engine)
+    g = core.ledger.capacity_generation
+    core, eff = C.apply_command_effects(core, CancelDestination("hB"), True)
+    assert eff.result == Applied()
+    assert core.ledger.capacity_generation == g + 1
+    assert not core.ledger.pending_destinations.contains_handoff(HandoffId("hB"))
