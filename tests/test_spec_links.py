@@ -25,6 +25,7 @@ SPEC_AREAS = {
     "replay.md": ("WL", "REP", "DRV", "DIS", "LIVE"),
     "model-checking.md": ("MC",),
     "scenarios.md": ("SCN",),
+    "step-trace.md": ("STEP",),
 }
 
 RULE_RE = re.compile(r"\b([A-Z][A-Z]*(?:-[A-Z]+)*-Q?\d+)\b")
