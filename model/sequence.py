@@ -460,6 +460,19 @@ def generate_quiet(seq: ActiveSequence) -> Optional[ActiveSequence]:
     )
 
 
+def generate_quiet_in_place(seq: ActiveSequence) -> bool:
+    """:func:`generate_quiet` for a sequence that a transaction created and nobody else has seen:
+    the token is appended to ``seq`` itself (its new ``generated``) and True returned, or False
+    (``seq`` untouched) when :func:`generate` would return signals.  Only for transaction-local
+    values, before they are published."""
+    gen = seq.generated
+    n_gen = len(gen) + 1
+    if n_gen >= seq.max_output_tokens or (len(seq.prompt) + n_gen) % seq.block_size == 1:
+        return False
+    object.__setattr__(seq, "generated", gen.append(_MODEL_TOKEN))
+    return True
+
+
 def free_signal(seq: ActiveSequence) -> tuple[Deref, ...]:
     """SEQ-9: Derefs for the allocated footprint ``ceil(num_allocated / bs)``, last first."""
     return _free_signals(seq, seq.num_allocated_tokens)

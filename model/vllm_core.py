@@ -166,15 +166,10 @@ def _ceil_div(a: int, b: int) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-@attrs.define
-class _Work:
-    """VLLM-9: the work scheduled for one request in this pass."""
-
-    total_tokens: int
-    prompt_tokens: int
-    prefix_tokens: int
-    prompt_len: int
-    sequence_len: int
+# VLLM-9: the work scheduled for one request in a pass is five integers at ``_PassScratch.work[i:i+5]``
+# (``scheduled`` maps the request to ``i``): total tokens, prompt tokens, prefix tokens, prompt
+# length, sequence length.  A flat list, so that scheduling allocates no object per request.
+_W_TOTAL, _W_PROMPT, _W_PREFIX, _W_PROMPT_LEN, _W_SEQ_LEN = range(5)
 
 
 _BLOCKED = "blocked"
@@ -200,6 +195,9 @@ class _Txn:
         self.kv_events: List[object] = []
         self.lifecycle_events: List[object] = []
         self.frozen: Optional[VllmCore] = None  # the core a pass ends with (set by execute_pass)
+        # requests (and their sequence, or None if shared with the old core) that this pass's
+        # scheduling created and nobody else has seen; emission may extend them in place
+        self.fresh: Dict[RequestId, Tuple[VllmRequest, Optional[seqm.ActiveSequence]]] = {}
 
     def freeze(self) -> VllmCore:
         """The new core (called once, at the end of the operation: the request map is frozen in place)."""
@@ -585,15 +583,18 @@ class _Txn:
             seq = req.sequence
             prev_alloc = seq.num_allocated_tokens
             if target <= prev_alloc:
-                requests[uuid] = VllmRequest(req.uuid, seq, req.status, actual, req.num_preemptions)
+                req = VllmRequest(req.uuid, seq, req.status, actual, req.num_preemptions)
+                requests[uuid] = req
+                self.fresh[uuid] = (req, None)
                 break
             # SEQ-6: prepare_allocation yields no signal iff the target needs no new unique block
             sbs = seq.block_size
             n_ub = len(seq.unique_blocks)
             if min(-(-target // sbs), n_ub) <= min(-(-prev_alloc // sbs), n_ub):
-                requests[uuid] = VllmRequest(
-                    req.uuid, seqm.commit_allocation(seq, target), req.status, actual, req.num_preemptions
-                )
+                seq = seqm.commit_allocation(seq, target)
+                req = VllmRequest(req.uuid, seq, req.status, actual, req.num_preemptions)
+                requests[uuid] = req
+                self.fresh[uuid] = (req, seq)
                 break
             signal = seqm.prepare_allocation(seq, target)
             expected = len(signal.blocks)
@@ -622,11 +623,13 @@ class _Txn:
             p.preempted_any = True
             undone = p.scheduled.pop(victim_id, None)
             if undone is not None:
-                p.budget += undone.total_tokens
-                if undone.prompt_tokens > 0 and self.args.worker_type is not WorkerType.DECODE:
+                work = p.work
+                p.budget += work[undone + _W_TOTAL]
+                undone_prompt, undone_prefix = work[undone + _W_PROMPT], work[undone + _W_PREFIX]
+                if undone_prompt > 0 and self.args.worker_type is not WorkerType.DECODE:
                     p.batch_count = max(p.batch_count - 1, 0)
-                    p.batch_total_isl = max(p.batch_total_isl - (undone.prefix_tokens + undone.prompt_tokens), 0)
-                    p.batch_total_prefix = max(p.batch_total_prefix - undone.prefix_tokens, 0)
+                    p.batch_total_isl = max(p.batch_total_isl - (undone_prefix + undone_prompt), 0)
+                    p.batch_total_prefix = max(p.batch_total_prefix - undone_prefix, 0)
             if victim_id == uuid:
                 return _CURRENT_PREEMPTED
         used = max(actual - effective_before, 0)
@@ -636,7 +639,9 @@ class _Txn:
             return _BLOCKED
         prompt_after = min(actual, prompt_len)
         prompt_tokens = max(prompt_after - prompt_before, 0)
-        p.scheduled[uuid] = _Work(used, prompt_tokens, prompt_before, prompt_len, seq_len)
+        work = p.work
+        p.scheduled[uuid] = len(work)
+        work += (used, prompt_tokens, prompt_before, prompt_len, seq_len)
         if prompt_tokens > 0 and self.args.worker_type is not WorkerType.DECODE:
             p.batch_count += 1
             p.batch_total_isl += prompt_before + prompt_tokens
@@ -644,8 +649,9 @@ class _Txn:
         if from_waiting:
             self.transition_to_running(uuid)
         p.budget = max(p.budget - used, 0)
-        admission = AdmissionEvent(uuid, cached) if from_waiting else None
-        return (used, admission)
+        if from_waiting:
+            p.admissions.append(AdmissionEvent(uuid, cached))
+        return used
 
     def emit_ready_tokens(self, decode_start_ms: float):
         """VLLM-14 / VLLM-16: one token for every running request whose known tokens are computed.
@@ -677,18 +683,34 @@ class _Txn:
         running_changed = False
         running_members = self.running_members
         generate_quiet = seqm.generate_quiet
+        fresh = self.fresh.get
         for uuid in ready:
+            # fast path: no block signal and not the last token: emitted, not completed (no delay)
             if uuid in running_members:
                 req = get(uuid)
                 if req is not None:
-                    new_seq = generate_quiet(req.sequence)
-                    if new_seq is not None:
-                        # no block signal and not the last token: emitted, not completed (no delay)
-                        requests[uuid] = VllmRequest(
-                            req.uuid, new_seq, req.status, req.num_computed_tokens, req.num_preemptions
-                        )
-                        signals.append(OutputSignal(uuid, False, False, None))
-                        continue
+                    made = fresh(uuid)
+                    if made is not None and made[0] is req:
+                        # this pass's scheduling built ``req``: extend it in place
+                        seq = req.sequence
+                        if made[1] is seq:
+                            if seqm.generate_quiet_in_place(seq):
+                                signals.append(OutputSignal(uuid, False, False, None))
+                                continue
+                        else:
+                            new_seq = generate_quiet(seq)
+                            if new_seq is not None:
+                                object.__setattr__(req, "sequence", new_seq)
+                                signals.append(OutputSignal(uuid, False, False, None))
+                                continue
+                    else:
+                        new_seq = generate_quiet(req.sequence)
+                        if new_seq is not None:
+                            requests[uuid] = VllmRequest(
+                                req.uuid, new_seq, req.status, req.num_computed_tokens, req.num_preemptions
+                            )
+                            signals.append(OutputSignal(uuid, False, False, None))
+                            continue
             emitted = False
             completed = False
             deferred: Tuple[seqm.Deref, ...] = ()
@@ -755,20 +777,16 @@ class _Txn:
         requests_before = len(self.requests)
         self.compact_running()
         p = _PassScratch(self.args.max_num_batched_tokens if self.args.max_num_batched_tokens is not None else USIZE_MAX)
-        admissions: List[AdmissionEvent] = []
 
         # VLLM-5: the running loop, indexing the live deque (FIFO preemption skips one: VLLM-Q1)
         i = 0
         while i < len(self.running) and p.budget > 0:
             uuid = self.running[i]
             out = self.schedule_request(uuid, False, None, p)
-            if out == _BLOCKED:
+            if out is _BLOCKED:
                 break
-            if out == _CURRENT_PREEMPTED:
+            if out is _CURRENT_PREEMPTED:
                 continue
-            _, admission = out
-            if admission is not None:
-                admissions.append(admission)
             i += 1
 
         # VLLM-11 / VLLM-12: the waiting loop
@@ -796,12 +814,9 @@ class _Txn:
                 rejected.append(uuid)
                 self.drop_request(uuid)
                 continue
-            out = self.schedule_request(uuid, True, cost, p)
-            if out == _BLOCKED or out == _CURRENT_PREEMPTED:
+            used = self.schedule_request(uuid, True, cost, p)
+            if used is _BLOCKED or used is _CURRENT_PREEMPTED:
                 break
-            used, admission = out
-            if admission is not None:
-                admissions.append(admission)
             if used == 0 and p.budget == 0:
                 break
 
@@ -812,7 +827,7 @@ class _Txn:
         for uuid in rejected:
             signals.append(OutputSignal(uuid, True, True, None))
         end_ms = timing.advance_ms(decode_start_ms, decode_ns)
-        fpm = self.compute_fpm(p.scheduled, (end_ms - now_ms) / 1000.0)
+        fpm = self.compute_fpm(p, (end_ms - now_ms) / 1000.0)
         visible, forwards = accept_length_sample(signals)
         lifecycle = tuple(self.lifecycle_events)
         self.lifecycle_events = []
@@ -824,7 +839,7 @@ class _Txn:
             token_ms=token_ms,
             completed_requests=max(requests_before - len(self.requests), 0),
             output_signals=tuple(signals),
-            admissions=tuple(admissions),
+            admissions=tuple(p.admissions),
             lifecycle_events=lifecycle,
             metrics=frozen.metrics(),
             router_event_visibility="pass_start",
@@ -834,31 +849,48 @@ class _Txn:
             accept_length_decode_forwards=forwards,
         )
 
-    def compute_fpm(self, scheduled: Dict[RequestId, _Work], wall_time_secs: float) -> ForwardPassSnapshot:
+    def compute_fpm(self, p: "_PassScratch", wall_time_secs: float) -> ForwardPassSnapshot:
         """VLLM-19: the FPM snapshot (scheduled in scheduling order; upstream iterates a hash map).
 
         The waiting scans iterate the deque, so a revived stale entry counts twice (VLLM-Q8)."""
-        works = list(scheduled.values())
-        prefills = [(w.prompt_len, w.prefix_tokens, w.total_tokens) for w in works if w.prompt_tokens > 0]
-        decodes = [w.sequence_len for w in works if w.prompt_tokens == 0]
+        work = p.work
+        prefills = []
+        decodes = []
+        for i in p.scheduled.values():
+            if work[i + _W_PROMPT] > 0:
+                prefills.append((work[i + _W_PROMPT_LEN], work[i + _W_PREFIX], work[i + _W_TOTAL]))
+            else:
+                decodes.append(work[i + _W_SEQ_LEN])
         active = set(self.ledger.active_destinations.by_request)
         queued_prefills = []
         queued_decodes = []
         get = self.requests.get
         waiting_status, preempted = RequestStatus.WAITING, RequestStatus.PREEMPTED
         # one scan of the deque; the decode list keeps the deque order of the upstream scan
-        for uuid in self.waiting:
-            req = get(uuid)
-            if req is None:
-                continue
-            status = req.status
-            if uuid in active:
-                queued_decodes.append(len(req.sequence.prompt))
-            elif status is waiting_status:
-                queued_prefills.append(len(req.sequence.prompt))
-            elif status is preempted:
-                seq = req.sequence
-                queued_decodes.append(len(seq.prompt) + len(seq.generated))
+        if active:
+            for uuid in self.waiting:
+                req = get(uuid)
+                if req is None:
+                    continue
+                status = req.status
+                if uuid in active:
+                    queued_decodes.append(len(req.sequence.prompt))
+                elif status is waiting_status:
+                    queued_prefills.append(len(req.sequence.prompt))
+                elif status is preempted:
+                    seq = req.sequence
+                    queued_decodes.append(len(seq.prompt) + len(seq.generated))
+        else:  # the same scan without the (empty) active-destination test
+            for uuid in self.waiting:
+                req = get(uuid)
+                if req is None:
+                    continue
+                status = req.status
+                if status is waiting_status:
+                    queued_prefills.append(len(req.sequence.prompt))
+                elif status is preempted:
+                    seq = req.sequence
+                    queued_decodes.append(len(seq.prompt) + len(seq.generated))
         for payload in self.ledger.pending_destinations.payloads():
             queued_decodes.append(payload.sequence.num_input_tokens)
         for reserved in self.ledger.destination_holds.payloads():
@@ -871,7 +903,9 @@ class _PassScratch:
     """Pass-local counters (VLLM-4)."""
 
     budget: int
-    scheduled: Dict[RequestId, _Work] = attrs.Factory(dict)
+    scheduled: Dict[RequestId, int] = attrs.Factory(dict)  # request -> its offset in ``work``
+    work: List[int] = attrs.Factory(list)
+    admissions: List[AdmissionEvent] = attrs.Factory(list)
     batch_count: int = 0
     batch_total_isl: int = 0
     batch_total_prefix: int = 0
