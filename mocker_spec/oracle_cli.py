@@ -1,6 +1,9 @@
-"""The oracle kit's subcommands: ``check`` (spec/step-trace.md).
+"""The oracle kit's subcommands: ``check``, ``vectors`` and ``diff-161`` (spec/step-trace.md,
+spec/oracle-kit.md).
 
-Exit status: ``check`` 0 every trace conforms, 1 a trace diverges, 2 a trace is malformed.
+Exit status: ``check`` 0 every trace conforms, 1 a trace diverges, 2 a trace is malformed;
+``vectors`` 0, or 2 for bad arguments (nothing is written); ``diff-161`` 0 report written, 2 bad
+arguments or the 1.6.1 build is missing (nothing is written).
 """
 
 from __future__ import annotations
@@ -75,10 +78,88 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 1 if diverged else 0
 
 
+def cmd_vectors(args: argparse.Namespace, console: Console) -> int:
+    """VEC-1: write the conformance-vector corpus."""
+    from . import vectors as V
+
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    unknown = [e for e in engines if e not in V.ENGINES]
+    if not engines or unknown:
+        _error(f"--engine={args.engine!r}: choose from {', '.join(V.ENGINES)} (comma-separated)")
+        return 2
+    if args.max_states < 1:
+        _error(f"--max-states={args.max_states}: must be at least 1")
+        return 2
+    if args.sequences < 0:
+        _error(f"--sequences={args.sequences}: must be >= 0")
+        return 2
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        _error(f"--out={args.out!r}: exists and is not an empty directory")
+        return 2
+    root = Path(args.scenarios) if args.scenarios else V.default_scenario_root()
+    if not root.is_dir():
+        _error(f"--scenarios={str(root)!r}: not a directory")
+        return 2
+    names = None
+    if args.scenario:
+        names = [s.strip() for s in args.scenario.split(",") if s.strip()]
+        known = {obj.get("name") for _, obj in V.library(root)}
+        missing = [n for n in names if n not in known]
+        if missing:
+            _error(f"--scenario={missing[0]!r}: no such scenario in the library")
+            return 2
+    progress = None
+    if console.is_terminal and not args.no_progress:
+        err = Console(stderr=True)
+        progress = lambda label: err.print(f"  {label}", highlight=False, markup=False)  # noqa: E731
+    corpus = V.build_corpus(engines, scenario_root=root, scenarios=names, max_states=args.max_states,
+                            sequences=args.sequences, seed=args.seed, progress=progress)
+    n = V.write_corpus(out, corpus)
+    vecs = sum(1 for p in corpus.files if p.endswith(".jsonl"))
+    pairs = sum(c.pairs for c in corpus.coverage)
+    covered = sum(c.covered for c in corpus.coverage)
+    _say(console, f"wrote {vecs} vectors ({n} files) under {args.out}: "
+                  f"{covered}/{pairs} (phase, action) pairs covered on {', '.join(engines)}")
+    return 0
+
+
+def cmd_diff161(args: argparse.Namespace, console: Console) -> int:
+    """DIFF161-1: run the 1.6.1 build and the 1.3.0 model over a corpus; write the diff report."""
+    from . import upstream161 as U
+
+    return U.main(args, console)
+
+
 def add_parsers(sub) -> None:
-    """Register ``check`` on the CLI's subparsers."""
+    """Register ``check``, ``vectors`` and ``diff-161`` on the CLI's subparsers."""
     p = sub.add_parser("check", help="replay step traces on the model: conforms, or the first divergence")
     p.add_argument("trace", nargs="+", metavar="TRACE", help="step-trace JSONL file(s) or directories of them")
     p.add_argument("--rel-tol", type=float, default=0.0, help="relative tolerance for floats (default 0: exact)")
     p.add_argument("--verbose", action="store_true", help="with several traces, also list the conforming ones")
     p.set_defaults(func=cmd_check)
+
+    from .vectors import DEFAULT_MAX_STATES, DEFAULT_SEED, DEFAULT_SEQUENCES, ENGINES
+
+    p = sub.add_parser("vectors", help="write the conformance-vector corpus (step traces with the model's effects)")
+    p.add_argument("--out", required=True, help="directory to create (must be absent or empty)")
+    p.add_argument("--engine", default=",".join(ENGINES), help=f"comma-separated engines (default {','.join(ENGINES)})")
+    p.add_argument("--scenarios", help="scenario library directory (default: the repository's spec/scenarios)")
+    p.add_argument("--scenario", help="only these library scenarios (comma-separated names)")
+    p.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES,
+                   help=f"explored states per scenario and engine (default {DEFAULT_MAX_STATES})")
+    p.add_argument("--sequences", type=int, default=DEFAULT_SEQUENCES,
+                   help=f"Hypothesis sequences per engine (default {DEFAULT_SEQUENCES})")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of the sequences (default {DEFAULT_SEED})")
+    p.add_argument("--no-progress", action="store_true", help="print no progress lines")
+    p.set_defaults(func=cmd_vectors)
+
+    p = sub.add_parser("diff-161", help="behaviour diff of the 1.3.0 model against the ai-dynamo-runtime 1.6.1 build")
+    p.add_argument("--corpus", action="append", required=True,
+                   help="a directory of replay cases (case.json + trace.jsonl); repeat for several")
+    p.add_argument("--out", required=True, help="the Markdown report to write")
+    p.add_argument("--python", required=True,
+                   help="the Python interpreter of an environment with ai-dynamo-runtime==1.6.1 installed")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a 1.6.1 run counts as hung")
+    p.add_argument("--json", help="also write the per-case results as JSON here")
+    p.set_defaults(func=cmd_diff161)

@@ -26,6 +26,7 @@ SPEC_AREAS = {
     "model-checking.md": ("MC",),
     "scenarios.md": ("SCN",),
     "step-trace.md": ("STEP",),
+    "oracle-kit.md": ("VEC", "HARN"),
 }
 
 RULE_RE = re.compile(r"\b([A-Z][A-Z]*(?:-[A-Z]+)*-Q?\d+)\b")
