@@ -678,6 +678,13 @@ def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
     ours = run_model(job)
     assert ours.status == "livelock"
     assert ours.message.startswith(f"livelock: {stage} worker"), ours.message.splitlines()[0]
+    # LIVE-3 through the CORE-6 observers: the SGLang loop is one running request (listed); the
+    # vLLM loop's request is back in waiting at the end of the pass, with nothing running
+    lines = dict(line.strip().split(": ", 1) for line in ours.message.splitlines()[1:] if ": " in line)
+    if stage == "decode":
+        assert lines["running"] != "-" and lines["waiting"] == "-"
+    else:
+        assert lines["running"] == "-" and lines["waiting"] != "-"
 
 
 DIVERGENT = ROOT / "tests" / "goldens" / "divergent"

@@ -69,7 +69,9 @@ class LivelockDiagnosis:
             f"  running: {', '.join(self.running) or '-'}",
         ]
         if self.total_blocks is not None:
-            lines.append(f"  free blocks: {self.free_blocks} of {self.total_blocks}")
+            # the metrics' view (total - active_decode_blocks); SGLang counts queued requests'
+            # page-rounding slack as active (SG-6), so this can be negative there
+            lines.append(f"  free blocks (metrics): {self.free_blocks} of {self.total_blocks}")
         if self.pending_handoffs or self.reserved_handoffs or self.active_handoffs:
             lines.append(
                 "  handoffs: pending destinations ["
@@ -198,21 +200,14 @@ def diagnose(runtime: str, stage: str, worker_idx: int, now_ms: float, core, cyc
     running: Tuple[str, ...] = ()
     free = total = None
     pending = reserved = active = ()
-    members_w = getattr(core, "waiting_members", None)
-    if members_w is not None:
-        seen = set()
-        w = []
-        for u in core.waiting:
-            if u in members_w and u not in seen:
-                seen.add(u)
-                w.append(u)
-        waiting = ids(w)
-    members_r = getattr(core, "running_members", None)
-    if members_r is not None:
-        running = ids(u for u in core.running if u in members_r)
-    try:
-        from model import core as C
+    from model import core as C
 
+    try:
+        w, r = C.queues(core)  # CORE-6
+        waiting, running = ids(w), ids(r)
+    except AttributeError:  # pragma: no cover - best effort for foreign cores
+        pass
+    try:
         m = C.metrics(core)
         total = m.total_blocks
         free = m.total_blocks - m.active_decode_blocks
