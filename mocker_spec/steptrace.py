@@ -324,6 +324,16 @@ def _parse_step(obj: Any, line: int, expected_number: int) -> Step:
     return Step(number, line, op, command, allow, now_ms, dict(effects), dict(obj))
 
 
+def parse_header(obj: Any, line: int = 1) -> Header:
+    """STEP-2 / STEP-3: validate one header object (``line`` names it in errors)."""
+    return _parse_header(obj, line)
+
+
+def parse_step(obj: Any, line: int, expected_number: int) -> Step:
+    """STEP-4..STEP-7: validate one step object, which must be step ``expected_number``."""
+    return _parse_step(obj, line, expected_number)
+
+
 def parse_trace_objects(objs: Sequence[Tuple[int, Any]]) -> Trace:
     """STEP-1: ``(line number, decoded JSON)`` pairs -> a validated :class:`Trace`."""
     if not objs:

@@ -247,7 +247,7 @@ class ModelAdapter(EngineAdapter):
 
     def start(self, header: Mapping[str, Any]) -> None:
         S = _steptrace()
-        self.header = S._parse_header(dict(header), 1)
+        self.header = S.parse_header(dict(header), 1)
         self.core = S.new_model_core(self.header)
         self.steps = 0
 
@@ -257,7 +257,7 @@ class ModelAdapter(EngineAdapter):
             raise RuntimeError("the model core has ended (an earlier step panicked) or was never started")
         self.steps += 1
         obj = {"step": self.steps, **{k: v for k, v in op.items() if k not in ("step", "effects")}}
-        step = S._parse_step(obj, self.steps + 1, self.steps)
+        step = S.parse_step(obj, self.steps + 1, self.steps)
         self.core, effects = S.run_step(self.core, step)
         return effects
 
@@ -545,18 +545,21 @@ def oracle_machine(adapter_factory: Callable[[], EngineAdapter], *, name: Option
 
 
 def run_oracle(adapter_factory: Callable[[], EngineAdapter], *, max_examples: int = 100, steps: int = 30,
-               settings=None, **config) -> None:
+               settings=None, shrink: bool = True, **config) -> None:
     """HARN-7: run the lockstep machine for ``adapter_factory``; raises :class:`OracleMismatch`
-    (shrunk) when the engine diverges.  Derandomized by default, so CI runs are repeatable."""
+    when the engine diverges.  Derandomized, without example database or explain phase, so CI
+    runs are repeatable.  ``shrink=False`` skips Hypothesis's shrink phase: the counterexample is
+    then reduced by step deletion alone (HARN-6), which is much faster and keeps the drawn
+    values as they were."""
     from hypothesis import HealthCheck, Phase
     from hypothesis import settings as hsettings
     from hypothesis.stateful import run_state_machine_as_test
 
     machine = oracle_machine(adapter_factory, **config)
     if settings is None:
+        phases = (Phase.explicit, Phase.generate) + ((Phase.shrink,) if shrink else ())
         settings = hsettings(max_examples=max_examples, stateful_step_count=steps, deadline=None, database=None,
-                             derandomize=True, suppress_health_check=list(HealthCheck),
-                             phases=(Phase.explicit, Phase.generate, Phase.shrink))
+                             derandomize=True, suppress_health_check=list(HealthCheck), phases=phases)
     run_state_machine_as_test(machine, settings=settings)
 
 

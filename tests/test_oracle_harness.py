@@ -108,11 +108,24 @@ def test_plain_engine_agrees_with_the_model(oracle_harness):
 
 @pytest.mark.parametrize("bug", PlainHandoffEngine.BUGS)
 def test_every_injected_bug_is_caught_with_a_short_counterexample(bug):
-    """HARN-6 / HARN-10: each bug is found, shrunk to at most 8 steps; the counterexample is a step
-    trace that `mocker-spec check` rejects at its last step, and the bug-free engine passes it."""
+    """HARN-6 / HARN-10: each bug is found and reduced to at most 8 steps; the counterexample is a
+    step trace that `mocker-spec check` rejects at its last step, and the bug-free engine passes it.
+    (Step deletion alone here; the next test adds Hypothesis's own shrinking.)"""
+    with pytest.raises(T.OracleMismatch) as caught:
+        T.run_oracle(lambda: PlainHandoffEngine(bug), max_examples=300, steps=20, name=f"Plain_{bug}",
+                     shrink=False, **PLAIN)
+    _check_counterexample(caught.value)
+
+
+def test_hypothesis_shrinking_then_step_deletion():
+    """HARN-6 / HARN-7: with Hypothesis's shrink phase on, the final counterexample is as short."""
+    bug = "retry_serves_newest"
     with pytest.raises(T.OracleMismatch) as caught:
         T.run_oracle(lambda: PlainHandoffEngine(bug), max_examples=300, steps=20, name=f"Plain_{bug}", **PLAIN)
-    err = caught.value
+    _check_counterexample(caught.value)
+
+
+def _check_counterexample(err):
     assert 1 <= len(err.ops) <= 8, str(err)
     report = S.check_trace(S.parse_trace_text(S.dumps_trace(err.trace)))
     assert not report.conforms and report.divergence.step.number == len(err.ops)
