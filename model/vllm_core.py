@@ -195,9 +195,9 @@ class _Txn:
         self.kv_events: List[object] = []
         self.lifecycle_events: List[object] = []
         self.frozen: Optional[VllmCore] = None  # the core a pass ends with (set by execute_pass)
-        # requests (and their sequence, or None if shared with the old core) that this pass's
-        # scheduling created and nobody else has seen; emission may extend them in place
-        self.fresh: Dict[RequestId, Tuple[VllmRequest, Optional[seqm.ActiveSequence]]] = {}
+        # by ``id``: requests (and their sequence, or None if shared with the old core) that this
+        # pass's scheduling created and nobody else has seen; emission may extend them in place
+        self.fresh: Dict[int, Tuple[VllmRequest, Optional[seqm.ActiveSequence]]] = {}
 
     def freeze(self) -> VllmCore:
         """The new core (called once, at the end of the operation: the request map is frozen in place)."""
@@ -577,15 +577,16 @@ class _Txn:
         target = effective_before + desired
         actual = target
         bs = self.args.block_size
+        seq_len = -1  # set by the allocation fast paths (the sequence's length does not change)
         # VLLM-7: the allocation loop; VLLM-8: preempt and retry on a short allocation
         while True:
-            req = requests[uuid]
-            seq = req.sequence
+            seq = req.sequence  # ``req`` is the request's current state
             prev_alloc = seq.num_allocated_tokens
             if target <= prev_alloc:
                 req = VllmRequest(req.uuid, seq, req.status, actual, req.num_preemptions)
                 requests[uuid] = req
-                self.fresh[uuid] = (req, None)
+                self.fresh[id(req)] = (req, None)
+                seq_len = len(seq.prompt) + len(seq.generated)
                 break
             # SEQ-6: prepare_allocation yields no signal iff the target needs no new unique block
             sbs = seq.block_size
@@ -594,19 +595,20 @@ class _Txn:
                 seq = seqm.commit_allocation(seq, target)
                 req = VllmRequest(req.uuid, seq, req.status, actual, req.num_preemptions)
                 requests[uuid] = req
-                self.fresh[uuid] = (req, seq)
+                self.fresh[id(req)] = (req, seq)
+                seq_len = len(seq.prompt) + len(seq.generated)
                 break
             signal = seqm.prepare_allocation(seq, target)
             expected = len(signal.blocks)
             got = self.process(signal)
-            req = self.requests[uuid]
+            req = requests[uuid]
             if got == expected:
                 committed = target
             else:
                 prev_blocks = min(_ceil_div(prev_alloc, bs), len(req.sequence.unique_blocks))
                 committed = (prev_blocks + got) * bs
             current = min(actual, committed)
-            self._update(
+            req = self._update(
                 uuid,
                 sequence=seqm.commit_allocation(req.sequence, min(committed, target)),
                 num_computed_tokens=current,
@@ -632,9 +634,11 @@ class _Txn:
                     p.batch_total_prefix = max(p.batch_total_prefix - undone_prefix, 0)
             if victim_id == uuid:
                 return _CURRENT_PREEMPTED
+            req = requests[uuid]
         used = max(actual - effective_before, 0)
-        req = requests.get(uuid)
-        seq_len = len(req.sequence) if req is not None else 0
+        if seq_len < 0:
+            req = requests.get(uuid)
+            seq_len = len(req.sequence) if req is not None else 0
         if used == 0 and actual < seq_len:
             return _BLOCKED
         prompt_after = min(actual, prompt_len)
@@ -689,7 +693,7 @@ class _Txn:
             if uuid in running_members:
                 req = get(uuid)
                 if req is not None:
-                    made = fresh(uuid)
+                    made = fresh(id(req))
                     if made is not None and made[0] is req:
                         # this pass's scheduling built ``req``: extend it in place
                         seq = req.sequence
