@@ -15,6 +15,7 @@ import xxhash
 XXH3_SEED = 1337
 
 _U64 = struct.Struct("<Q")
+_U64_PAIR = struct.Struct("<QQ")
 
 
 def tokens_hash(tokens: Sequence[int]) -> int:
@@ -27,9 +28,21 @@ def tokens_hash(tokens: Sequence[int]) -> int:
     return xxhash.xxh3_64_intdigest(data, seed=XXH3_SEED)
 
 
+def tokens_hasher(n: int):
+    """HASH-1 for blocks of exactly ``n`` tokens: a function equal to :func:`tokens_hash` on them
+    (the ``u32`` packing compiled once)."""
+    pack = struct.Struct(f"<{n}I").pack
+    digest = xxhash.xxh3_64_intdigest
+
+    def block_hash(tokens: Sequence[int]) -> int:
+        return digest(pack(*tokens), seed=XXH3_SEED)
+
+    return block_hash
+
+
 def chain_hash(parent: int, block_hash: int) -> int:
     """HASH-2: XXH3-64 (seed 1337) of ``le_u64(parent) ++ le_u64(block_hash)``."""
-    return xxhash.xxh3_64_intdigest(_U64.pack(parent) + _U64.pack(block_hash), seed=XXH3_SEED)
+    return xxhash.xxh3_64_intdigest(_U64_PAIR.pack(parent, block_hash), seed=XXH3_SEED)
 
 
 def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
@@ -58,6 +71,7 @@ def sequence_hashes(hashes: Iterable[int]) -> list[int]:
 _PLH_MODES = ((1 << 8, 54), (1 << 16, 46), (1 << 24, 38))
 
 _U64_MASK = (1 << 64) - 1
+_FRAG54_MASK = (1 << 54) - 1  # fragment mask below position 256 (the common case of Plh.new)
 
 
 def plh_fragment_bits(position: int) -> int:
@@ -97,9 +111,8 @@ class Plh(tuple):
     @classmethod
     def new(cls, current: int, parent: int | None, position: int) -> "Plh":
         """Build a PLH like ``PositionalLineageHash::new(current, parent, position)``."""
-        bits = plh_fragment_bits(position)
-        frag = (parent or 0) & ((1 << bits) - 1)
-        return cls(position, current & _U64_MASK, frag)
+        mask = _FRAG54_MASK if position < 256 else (1 << plh_fragment_bits(position)) - 1
+        return tuple.__new__(cls, (position, current & _U64_MASK, (parent or 0) & mask))
 
     @property
     def position(self) -> int:

@@ -28,6 +28,7 @@ from model.hashing import (
     generated_tokens,
     private_block_id,
     tokens_hash,
+    tokens_hasher,
 )
 
 # ---------------------------------------------------------------------------
@@ -261,18 +262,21 @@ def new_sequence(
     if not 0 <= request_key < (1 << 128):
         raise InvalidInput("request_key", request_key, "must be a u128", rule="SEQ-2")
     prompt = tuple(prompt)
-    for t in prompt:
-        if not 0 <= t <= _U32_MAX:
-            raise InvalidInput("token", t, "token ids are u32", rule="SEQ-3")
+    # all ints within [0, u32]: checked by min/max; anything else by the per-token loop
+    if prompt and not (set(map(type, prompt)) == {int} and min(prompt) >= 0 and max(prompt) <= _U32_MAX):
+        for t in prompt:
+            if not 0 <= t <= _U32_MAX:
+                raise InvalidInput("token", t, "token ids are u32", rule="SEQ-3")
 
     n_full = len(prompt) // block_size
     blocks: list[UniqueBlock] = []
     hashes: list[int] = []
     plhs: list[Plh] = []
     parent: Optional[int] = None
+    block_hash = tokens_hasher(block_size) if enable_prefix_caching and n_full else None
     for i in range(n_full):
-        if enable_prefix_caching:
-            local = tokens_hash(prompt[i * block_size:(i + 1) * block_size])
+        if block_hash is not None:
+            local = block_hash(prompt[i * block_size:(i + 1) * block_size])
             seq = local if parent is None else chain_hash(parent, local)
             hashes.append(local)
             blocks.append(FullBlock(seq))
