@@ -121,7 +121,7 @@ def _opt_float(v: float | None) -> float | None:
     return None if v is None else float(v)
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)  # instance dicts: the per-token copy (:func:`_with_token`) is one dict update
 class RequestTimeline:
     """Every fact the collector records about one request (REP-1).
 
@@ -485,32 +485,12 @@ _set = object.__setattr__
 
 def _with_token(tl: "RequestTimeline", t: float) -> "RequestTimeline":
     """``attrs.evolve(tl, token_times_ms=...append(t))`` without evolve's per-call introspection:
-    a fresh copy is filled field by field before anyone can see it (hot path: one call per token;
-    every field of :class:`RequestTimeline` is listed, checked below)."""
+    a fresh instance gets a copy of the fields (its instance dict, in one update) before anyone
+    can see it, then the longer token list (hot path: one call per token)."""
     new = _new(RequestTimeline)
-    _set(new, "uuid", tl.uuid)
-    _set(new, "arrival_time_ms", tl.arrival_time_ms)
-    _set(new, "input_length", tl.input_length)
-    _set(new, "output_length", tl.output_length)
-    _set(new, "first_admit_ms", tl.first_admit_ms)
-    _set(new, "token_times_ms", tl.token_times_ms.append(t))
-    _set(new, "reused_input_tokens", tl.reused_input_tokens)
-    _set(new, "first_admission_reused_input_tokens", tl.first_admission_reused_input_tokens)
-    _set(new, "prefill_worker_idx", tl.prefill_worker_idx)
-    _set(new, "decode_worker_idx", tl.decode_worker_idx)
-    _set(new, "session_id", tl.session_id)
-    _set(new, "turn_index", tl.turn_index)
-    _set(new, "prefill_reused_input_tokens", tl.prefill_reused_input_tokens)
-    _set(new, "prefill_admit_ms", tl.prefill_admit_ms)
-    _set(new, "source_held_ms", tl.source_held_ms)
-    _set(new, "destination_reserved_ms", tl.destination_reserved_ms)
-    _set(new, "destination_activated_ms", tl.destination_activated_ms)
-    _set(new, "decode_admit_ms", tl.decode_admit_ms)
-    _set(new, "source_released_ms", tl.source_released_ms)
-    _set(new, "decode_reused_input_tokens", tl.decode_reused_input_tokens)
-    _set(new, "prefill_route_overlap_tokens", tl.prefill_route_overlap_tokens)
-    _set(new, "decode_route_overlap_tokens", tl.decode_route_overlap_tokens)
-    _set(new, "terminal_status", tl.terminal_status)
+    d = new.__dict__
+    d.update(tl.__dict__)
+    d["token_times_ms"] = tl.token_times_ms.append(t)
     return new
 
 
