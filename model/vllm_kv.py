@@ -55,17 +55,22 @@ def _frozen(value) -> FrozenDict:
 
 
 def _heap_merge(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    if b[1] < a[1]:
-        a, b = b, a
-    merged = _heap_merge(a[4], b)
-    left = a[3]
-    if (left[0] if left is not None else 0) < merged[0]:
-        left, merged = merged, left
-    return ((merged[0] if merged is not None else 0) + 1, a[1], a[2], left, merged)
+    """Leftist-heap merge: walk down the right spines keeping the smaller root, then rebuild
+    bottom-up, swapping children so the left rank is never smaller (the recursive definition,
+    unrolled)."""
+    spine = []
+    while a is not None and b is not None:
+        if b[1] < a[1]:
+            a, b = b, a
+        spine.append(a)
+        a = a[4]
+    merged = b if a is None else a
+    for node in reversed(spine):
+        left = node[3]
+        if (left[0] if left is not None else 0) < merged[0]:
+            left, merged = merged, left
+        merged = ((merged[0] if merged is not None else 0) + 1, node[1], node[2], left, merged)
+    return merged
 
 
 def _heap_push(heap, tick: int, key):
@@ -159,28 +164,28 @@ class _LineageTxn:
         nodes = self.nodes
         key = plh.lineage_key()
         tick = self.next_tick
-        if key in nodes:
-            node = nodes[key]
-            if node.plh is not None:
-                what = "duplicate insertion" if node.plh == plh else "hash collision"
+        ghost = nodes.get(key)
+        if ghost is not None:
+            if ghost.plh is not None:
+                what = "duplicate insertion" if ghost.plh == plh else "hash collision"
                 raise InternalInvariantBroken(f"lineage index: {what} at {key}", rule="KV-14")
-            node = LineageNode(plh, node.parent, node.n_children, tick)
+            link, n_children = ghost.parent, ghost.n_children
         else:
-            node = LineageNode(plh, None, 0, tick)
+            link, n_children = None, 0
         self.next_tick = tick + 1
         self.count += 1
         pkey = plh.parent_key()
-        if pkey is not None and node.parent is None:
-            if pkey in nodes:
-                parent = nodes[pkey]
+        if pkey is not None and link is None:
+            parent = nodes.get(pkey)
+            if parent is None:
+                nodes[pkey] = LineageNode(None, None, 1, None)  # a Ghost placeholder
             else:
-                parent = LineageNode(None, None, 0, None)
-            if parent.n_children == 0 and parent.plh is not None:
-                del self.leaves[parent.tick]  # a Real leaf becomes interior
-            nodes[pkey] = LineageNode(parent.plh, parent.parent, parent.n_children + 1, parent.tick)
-            node = LineageNode(node.plh, pkey, node.n_children, node.tick)
-        nodes[key] = node
-        if node.n_children == 0:
+                if parent.n_children == 0 and parent.plh is not None:
+                    del self.leaves[parent.tick]  # a Real leaf becomes interior
+                nodes[pkey] = LineageNode(parent.plh, parent.parent, parent.n_children + 1, parent.tick)
+            link = pkey
+        nodes[key] = LineageNode(plh, link, n_children, tick)
+        if n_children == 0:
             self._add_leaf(key, tick)
 
     def remove_key(self, key) -> Plh:
@@ -191,26 +196,23 @@ class _LineageTxn:
         if node.n_children == 0 and node.tick in self.leaves:
             del self.leaves[node.tick]
         self.count -= 1
-        cur_key = key
-        cur = LineageNode(None, node.parent, node.n_children, None)
-        while True:
-            if cur.n_children > 0:
-                nodes[cur_key] = cur  # stays as a Ghost, keeping its parent link
-                break
-            del nodes[cur_key]
-            pkey = cur.parent
-            if pkey is None:
-                break
+        if node.n_children > 0:
+            nodes[key] = LineageNode(None, node.parent, node.n_children, None)  # stays as a Ghost
+            return plh
+        del nodes[key]
+        pkey = node.parent
+        while pkey is not None:  # walk up: unlink, dropping Ghosts left without children
             parent = nodes[pkey]
-            parent = LineageNode(parent.plh, parent.parent, parent.n_children - 1, parent.tick)
-            if parent.n_children > 0:
-                nodes[pkey] = parent
+            n_children = parent.n_children - 1
+            if n_children > 0:
+                nodes[pkey] = LineageNode(parent.plh, parent.parent, n_children, parent.tick)
                 break
             if parent.plh is not None:
-                nodes[pkey] = parent
+                nodes[pkey] = LineageNode(parent.plh, parent.parent, n_children, parent.tick)
                 self._add_leaf(pkey, parent.tick)  # re-leafed with its original tick
                 break
-            cur_key, cur = pkey, parent
+            del nodes[pkey]
+            pkey = parent.parent
         return plh
 
     def remove_plh(self, plh: Plh) -> bool:
