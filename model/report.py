@@ -681,7 +681,10 @@ def distribution_stats(values: Sequence[float]) -> DistributionStats:
     if not values:
         return DistributionStats()
     vals = list(values)
-    ordered = sorted(vals, key=total_order_key)
+    if 0.0 in vals or any(map(math.isnan, vals)):
+        ordered = sorted(vals, key=total_order_key)
+    else:  # no NaN, no signed zero: float order is total order, equal values have equal bits
+        ordered = sorted(vals)
     n = len(vals)
     mean = _mean(vals)
     variance = _seq_sum((x - mean) * (x - mean) for x in vals) / float(n)
