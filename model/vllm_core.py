@@ -885,8 +885,7 @@ class _Txn:
                     seq = req.sequence
                     queued_decodes.append(len(seq.prompt) + len(seq.generated))
         else:  # the same scan without the (empty) active-destination test
-            for uuid in self.waiting:
-                req = get(uuid)
+            for req in map(get, self.waiting):
                 if req is None:
                     continue
                 status = req.status

@@ -59,4 +59,4 @@ def record_visible_pass(col: TraceCollector, result) -> TraceCollector:
     for every admission, ``on_token`` at the token stamp for every non-rejected signal."""
     for a in result.admissions:
         col = col.on_admit(a.uuid.value, result.now_ms, a.reused_input_tokens)
-    return col.on_tokens((s.uuid.value for s in result.output_signals if not s.rejected), result.token_ms)
+    return col.on_tokens([s.uuid.value for s in result.output_signals if not s.rejected], result.token_ms)
