@@ -17,6 +17,7 @@ engine arguments have no such field, so the burst size is always 1 (SG-20).
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, ClassVar, List, Optional, Tuple
 
 import attrs
@@ -37,6 +38,8 @@ from .sglang_request import SglangRequest, ceil_to_block, floor_to_block, new_re
 from .source_holds import Held, Release
 
 USIZE_MAX = 2**64 - 1
+
+_UUID_VALUE = attrgetter("uuid.value")
 
 #: SG-10: LPM keeps the queue order above this many waiting requests (config.rs:15)
 LPM_FALLBACK_THRESHOLD = 128
@@ -320,10 +323,11 @@ class _Txn:
         for r in self.running:
             reserved_decode_output += float(min(r.remaining_output_tokens, clip)) * ratio
         overhead = 0
-        for r in self.waiting:
-            overhead += r.extra_reserved_tokens
-        for r in self.running:
-            overhead += r.extra_reserved_tokens
+        for queue in (self.waiting, self.running):
+            for r in queue:  # extra_reserved_tokens, inlined
+                extra = r.allocated_tokens - len(r.kv_indices)
+                if extra > 0:
+                    overhead += extra
         rem_total = float(max(tree.pool.size + tree.evictable_size - overhead, 0)) - reserved_decode_output
         rem_input = float(cfg.max_prefill_tokens)
         rem_chunk = float(cfg.chunked_prefill_size)
@@ -415,10 +419,12 @@ class _Txn:
             reserved = 0
             growth = 0
             needed = 0
-            for r in running:
-                reserved += r.extra_reserved_tokens
-                burst = min(max_burst, r.remaining_output_tokens)
-                growth += max(ceil_to_block(r.current_sequence_len + burst, bs) - r.allocated_tokens, 0)
+            for r in running:  # extra_reserved_tokens, remaining_output_tokens, current_sequence_len inlined
+                n_out = len(r.output_ids)
+                allocated = r.allocated_tokens
+                reserved += max(allocated - len(r.kv_indices), 0)
+                burst = min(max_burst, max(r.max_output_tokens - n_out, 0))
+                growth += max(ceil_to_block(len(r.prompt) + n_out + burst, bs) - allocated, 0)
                 needed += burst
             logical = max(actual - reserved, 0)
             if actual >= needed and logical >= growth:
@@ -462,33 +468,37 @@ class _Txn:
             return _Decode(retracted, [], [], current_ms)
         bs = self.bs
         args = self.args
+        prefill_worker = args.worker_type is WorkerType.PREFILL
         taken = 0
         signals: List[OutputSignal] = []
         completed_idx: List[int] = []
         for idx, burst in enumerate(bursts):
             req = running[idx]
             for _ in range(burst):
-                crossing = req.current_sequence_len + 1 > req.allocated_tokens
+                allocated = req.allocated_tokens
+                output_ids = req.output_ids
+                if len(req.prompt) + len(output_ids) + 1 > allocated:  # crossing into a new page
+                    allocated += bs
                 new_idx = slots[taken]
                 taken += 1
                 token = req.next_output_token()
-                req = attrs.evolve(
-                    req,
-                    kv_indices=req.kv_indices + (new_idx,),
-                    allocated_tokens=req.allocated_tokens + bs if crossing else req.allocated_tokens,
-                    output_ids=req.output_ids + (token,),
-                    materialized_tokens=req.materialized_tokens + 1,
-                )
-                done = req.output_len >= req.max_output_tokens
-                signals.append(OutputSignal(
-                    req.uuid, done, False,
-                    timing.prefill_handoff_delay_ms(args.worker_type, done, req.prompt_len,
-                                                    args.kv_transfer_bandwidth, args.kv_bytes_per_token),
-                ))
+                output_ids = output_ids + (token,)
+                materialized = req.materialized_tokens + 1
+                req = SglangRequest(req.uuid, req.prompt, req.max_output_tokens, output_ids, req.last_node,
+                                    req.kv_indices + (new_idx,), materialized, req.cached_tokens, allocated,
+                                    req.uuid16)
+                done = len(output_ids) >= req.max_output_tokens
+                delay = None
+                if done and prefill_worker:
+                    delay = timing.prefill_handoff_delay_ms(args.worker_type, done, req.prompt_len,
+                                                            args.kv_transfer_bandwidth, args.kv_bytes_per_token)
+                signals.append(OutputSignal(req.uuid, done, False, delay))
                 if done:
                     completed_idx.append(idx)
                     break
-                req = self.cache_materialized_prefix(req)
+                aligned = materialized // bs * bs  # cache_materialized_prefix acts only past the cached pages
+                if aligned != 0 and aligned > req.cached_tokens:
+                    req = self.cache_materialized_prefix(req)
             running[idx] = req
         if taken < len(slots):
             self.kv.release_unpublished(slots[taken:])
@@ -577,13 +587,19 @@ class _Txn:
         active = self.ledger.active_destinations
         queued_prefills = []
         queued_decodes = []
-        for r in self.waiting:
-            if r.output_ids or active.contains_request(r.uuid):
-                continue
-            queued_prefills.append(r.prompt_len)
-        for r in self.waiting:
-            if r.output_ids or active.contains_request(r.uuid):
-                queued_decodes.append(r.current_sequence_len)
+        # one scan of waiting: prefills and decodes each keep the waiting order
+        if active.by_request:
+            for r in self.waiting:
+                if r.output_ids or active.contains_request(r.uuid):
+                    queued_decodes.append(len(r.prompt) + len(r.output_ids))
+                else:
+                    queued_prefills.append(len(r.prompt))
+        else:
+            for r in self.waiting:
+                if r.output_ids:
+                    queued_decodes.append(len(r.prompt) + len(r.output_ids))
+                else:
+                    queued_prefills.append(len(r.prompt))
         for r in self.prebuilt:
             queued_decodes.append(r.current_sequence_len)
         for payload in self.ledger.pending_destinations.payloads():
@@ -616,7 +632,18 @@ class _Txn:
 
     def scheduler_owns(self, request_id: RequestId) -> bool:
         """SG-25: scheduler-owned = in waiting, prebuilt or running (linear scans, core.rs:342-349)."""
-        for queue in (self.waiting, self.prebuilt, self.running):
+        queues = (self.waiting, self.prebuilt, self.running)
+        if type(request_id) is RequestId:
+            # equal ids have equal strings: find candidate queues by comparing those in C, then
+            # confirm with id equality there
+            value = request_id.value
+            try:
+                candidates = [q for q in queues if value in map(_UUID_VALUE, q)]
+            except AttributeError:
+                candidates = None
+            if candidates is not None:
+                return any(r.uuid == request_id for q in candidates for r in q)
+        for queue in queues:
             for r in queue:
                 if r.uuid == request_id:
                     return True
