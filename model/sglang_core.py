@@ -109,8 +109,10 @@ class SglangCore:
         """SG-6: pages in use, counting every queued request's page-rounding slack (core.rs:747-766)."""
         reserved = 0
         for queue in (self.waiting, self.prebuilt_ready, self.running):
-            for r in queue:
-                reserved += r.extra_reserved_tokens
+            for r in queue:  # extra_reserved_tokens, inlined
+                extra = r.allocated_tokens - len(r.kv_indices)
+                if extra > 0:
+                    reserved += extra
         used = self.kv.total_tokens - self.kv.available_tokens
         return -(-(used + reserved) // self.config.block_size)
 
