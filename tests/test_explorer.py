@@ -7,7 +7,6 @@ scenarios run once the SGLang core exists.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import time
 
@@ -22,14 +21,6 @@ LIB = ROOT / "spec" / "scenarios"
 KNOWN = sorted((LIB / "known-defects").glob("*.json"))
 CLEAN = sorted(p for p in LIB.rglob("*.json") if p.parent.name != "known-defects")
 
-HAVE_SGLANG = importlib.util.find_spec("model.sglang_core") is not None
-
-
-def _needs_core(scenario):
-    if scenario.engine_type == "sglang":
-        pytest.importorskip("model.sglang_core", reason="the SGLang core has not landed yet")
-
-
 def _stop_kind(scenario):
     """Safety kinds can stop the search at the first hit (still shortest: BFS, MC-21)."""
     kind = scenario.expect.kind
@@ -40,7 +31,6 @@ def _stop_kind(scenario):
 def test_known_defect_is_found_with_a_shortest_counterexample(path):
     """MC-21 / SCN-9: each known-defect scenario finds its violation in under 10 s."""
     sc = load_scenario(path)
-    _needs_core(sc)
     assert sc.expect.verdict == "violation"
     t0 = time.perf_counter()
     exp = explore(sc, stop_on=_stop_kind(sc))
@@ -104,7 +94,6 @@ def test_s1_fifo_revival_needs_the_adversarial_reuse():
 def test_clean_scenario_passes_exhaustively(path):
     """MC-20 / SCN-9: a clean scenario explores completely (liveness included) with no violation."""
     sc = load_scenario(path)
-    _needs_core(sc)
     assert sc.expect.verdict == "clean"
     exp = explore(sc)
     assert exp.complete and exp.liveness_checked
