@@ -344,6 +344,23 @@ def commit_allocation(seq: ActiveSequence, cumulative_tokens: int) -> ActiveSequ
     return _replace(seq, num_allocated_tokens=cumulative_tokens)
 
 
+def with_allocated(seq: ActiveSequence, cumulative_tokens: int) -> ActiveSequence:
+    """:func:`commit_allocation` for ``cumulative_tokens >= 0`` (the engine core's hot path)."""
+    return ActiveSequence(
+        seq.request_key,
+        seq.prompt,
+        seq.block_size,
+        seq.max_output_tokens,
+        seq.enable_prefix_caching,
+        seq.emit_token_ids,
+        seq.generated,
+        cumulative_tokens,
+        seq.unique_blocks,
+        seq.block_hashes,
+        seq.plhs,
+    )
+
+
 def allocate_blocks_for_chunk(seq: ActiveSequence, cumulative_tokens: int) -> tuple[ActiveSequence, Optional[Use]]:
     """SEQ-6: prepare and commit in one step (paths where failure is impossible)."""
     signal = prepare_allocation(seq, cumulative_tokens)

@@ -565,13 +565,16 @@ class _Txn:
             cached = 0
         effective_before = computed + cached
         prompt_len = len(seq.prompt)
-        prompt_before = min(effective_before, prompt_len)
-        remaining = max(prompt_len + len(seq.generated) - effective_before, 0)
-        prompt_remaining = max(prompt_len - prompt_before, 0)
+        # min/max written out (hot path)
+        prompt_before = effective_before if effective_before < prompt_len else prompt_len
+        remaining = prompt_len + len(seq.generated) - effective_before
+        if remaining < 0:
+            remaining = 0
+        prompt_remaining = prompt_len - prompt_before  # >= 0
         budget = p.budget
         if prompt_remaining > 0 and not self.args.enable_chunked_prefill and prompt_remaining > budget:
             return _BLOCKED
-        desired = min(remaining, budget)
+        desired = remaining if remaining < budget else budget
         if desired == 0 and remaining > 0:
             return _BLOCKED
         target = effective_before + desired
@@ -592,7 +595,7 @@ class _Txn:
             sbs = seq.block_size
             n_ub = len(seq.unique_blocks)
             if min(-(-target // sbs), n_ub) <= min(-(-prev_alloc // sbs), n_ub):
-                seq = seqm.commit_allocation(seq, target)
+                seq = seqm.with_allocated(seq, target)
                 req = VllmRequest(req.uuid, seq, req.status, actual, req.num_preemptions)
                 requests[uuid] = req
                 self.fresh[id(req)] = (req, seq)
@@ -635,14 +638,17 @@ class _Txn:
             if victim_id == uuid:
                 return _CURRENT_PREEMPTED
             req = requests[uuid]
-        used = max(actual - effective_before, 0)
+        used = actual - effective_before
+        if used < 0:
+            used = 0
         if seq_len < 0:
             req = requests.get(uuid)
             seq_len = len(req.sequence) if req is not None else 0
         if used == 0 and actual < seq_len:
             return _BLOCKED
-        prompt_after = min(actual, prompt_len)
-        prompt_tokens = max(prompt_after - prompt_before, 0)
+        prompt_tokens = (actual if actual < prompt_len else prompt_len) - prompt_before
+        if prompt_tokens < 0:
+            prompt_tokens = 0
         work = p.work
         p.scheduled[uuid] = len(work)
         work += (used, prompt_tokens, prompt_before, prompt_len, seq_len)
@@ -652,7 +658,8 @@ class _Txn:
             p.batch_total_prefix += prompt_before
         if from_waiting:
             self.transition_to_running(uuid)
-        p.budget = max(p.budget - used, 0)
+        budget = p.budget - used
+        p.budget = budget if budget > 0 else 0
         if from_waiting:
             p.admissions.append(AdmissionEvent(uuid, cached))
         return used
