@@ -240,7 +240,10 @@ class _Txn:
         return self._kvs
 
     def process(self, signal) -> int:
-        return self._session().process(signal)
+        kvs = self._kvs
+        if kvs is None:
+            kvs = self._session()
+        return kvs.process(signal)
 
     def num_active_blocks(self) -> int:
         if self._kvs is not None:
@@ -487,8 +490,8 @@ class _Txn:
 
     def release_held_source(self, payload: HeldVllmPrefill) -> None:
         """VGEN-2: process the deferred Deref signals (no KV events: Deref never publishes)."""
-        for sig in payload.deferred_deref:
-            self.process(sig)
+        if payload.deferred_deref:
+            self._session().process_each(payload.deferred_deref)
 
     def cancel_scheduled_request(self, request_id: RequestId) -> None:
         self.drop_request(request_id)

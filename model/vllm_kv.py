@@ -740,6 +740,15 @@ class KvSession:
             return 1
         raise InternalInvariantBroken(f"unknown block signal {signal!r}", rule="KV-6")
 
+    def process_each(self, signals) -> None:
+        """:meth:`process` on each signal in order, results dropped (a completion's Derefs)."""
+        t = self._t
+        for signal in signals:
+            if type(signal) is Deref:
+                _process_deref(t, signal)
+            else:
+                self.process(signal)
+
     def num_active_blocks(self) -> int:
         """KV-2 on the working copy."""
         t = self._t
