@@ -18,30 +18,10 @@ After every step:
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, event, settings
+from core_machine import CI_SETTINGS, CoreMachine, mutation_is_caught
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-
-import invariants
-from model import core as C
-from model.engine_args import engine_args_from_json
-from model.errors import ModelError
-from model.protocol import (
-    ActivateDestination,
-    CancelDestination,
-    CancelSource,
-    DirectRequest,
-    ReleaseSource,
-    ReserveDestination,
-    Submit,
-    SubmitHandoffPrefill,
-)
-
-REQUESTS = st.sampled_from([f"r{i}" for i in range(12)])
-HANDOFFS = st.sampled_from([f"h{i}" for i in range(4)])
-# a two-token alphabet makes prompts share prefixes (radix hits, duplicate pages, evictions)
-PROMPTS = st.lists(st.integers(1, 2), min_size=0, max_size=12)
-OUTPUTS = st.one_of(st.integers(1, 3), st.integers(0, 6))
+from hypothesis.stateful import run_state_machine_as_test
 
 
 @st.composite
@@ -67,113 +47,19 @@ def sglang_args(draw):
     }
 
 
-class SglangMachine(RuleBasedStateMachine):
-    @initialize(data=st.data())
-    def setup(self, data):
-        self.args = engine_args_from_json(data.draw(sglang_args()))
-        self.core = C.new_core(self.args)
-        self.now = 0.0
+class SglangMachine(CoreMachine):
+    def engine_args(self):
+        return sglang_args()
 
-    def step(self, fn):
-        old = self.core
-        try:
-            new, out = fn(old)
-        except ModelError as err:
-            event(f"rejected: {type(err).__name__}")
-            assert not invariants.violations(old)
-            return None
-        again = fn(old)
-        assert again == (new, out), "transition is not a function of its inputs"
-        self.core = new
-        return out
-
-    def command(self, cmd, allow=True):
-        effects = self.step(lambda c: C.apply_command_effects(c, cmd, allow))
-        if effects is not None:
-            event(f"{type(cmd).__name__}: {type(effects.result).__name__}")
-            for ev in effects.lifecycle_events:
-                event(f"command: {type(ev).__name__}")
-        return effects
-
-    @rule(r=REQUESTS, prompt=PROMPTS, m=OUTPUTS)
-    def submit(self, r, prompt, m):
-        self.command(Submit(DirectRequest(prompt, m, r)))
-
-    @rule(h=HANDOFFS, r=REQUESTS, prompt=PROMPTS, m=OUTPUTS)
-    def submit_prefill(self, h, r, prompt, m):
-        self.command(SubmitHandoffPrefill(h, DirectRequest(prompt, m, r)))
-
-    @rule(h=HANDOFFS)
-    def release_source(self, h):
-        self.command(ReleaseSource(h))
-
-    @rule(h=HANDOFFS)
-    def cancel_source(self, h):
-        self.command(CancelSource(h))
-
-    @rule(h=HANDOFFS, r=REQUESTS, prompt=PROMPTS, m=OUTPUTS, allow=st.booleans())
-    def reserve(self, h, r, prompt, m, allow):
-        self.command(ReserveDestination(h, DirectRequest(prompt, m, r)), allow)
-
-    @rule(h=HANDOFFS)
-    def activate(self, h):
-        self.command(ActivateDestination(h))
-
-    @rule(h=HANDOFFS)
-    def cancel_destination(self, h):
-        self.command(CancelDestination(h))
-
-    @rule(idle=st.sampled_from([0.0, 0.5]), count=st.integers(1, 4))
-    def run_passes(self, idle, count):
-        for _ in range(count):
-            self.run_pass(idle)
-
-    @rule(count=st.integers(1, 4))
-    def run_passes_back_to_back(self, count):
-        self.run_passes(0.0, count)
-
-    @rule(count=st.integers(1, 4))
-    def run_passes_with_retry(self, count):
-        for _ in range(count):
-            self.run_pass(0.0)
-            self.retry()
-
-    def run_pass(self, idle):
-        now = self.now + idle
-        before = self.core
-        result = self.step(lambda c: C.execute_pass(c, now))
-        assert result is not None
-        assert result.end_ms >= now
+    def observe_pass(self, before, result):
         assert result.token_ms == result.end_ms
-        for ev in result.lifecycle_events:
-            event(f"pass: {type(ev).__name__}")
-        if any(s.completed for s in result.output_signals):
-            event("pass: completion")
-        if len(self.core.waiting) and self.core.waiting[0].output_ids and not self.core.waiting[0].kv_indices:
+        core = self.core
+        if len(core.waiting) and core.waiting[0].output_ids and not core.waiting[0].kv_indices:
             event("pass: retraction")
-        if self.core.double_freed_slots > before.double_freed_slots:
+        if core.double_freed_slots > before.double_freed_slots:
             event("pass: SGQ-4 double free")
-        if self.core.leaked_slots > before.leaked_slots:
+        if core.leaked_slots > before.leaked_slots:
             event("pass: SGQ-3 leak")
-        self.now = result.end_ms
-
-    @rule()
-    def retry(self):
-        self.step(lambda c: C.retry_pending_destinations(c))
-
-    @invariant()
-    def invariants_hold(self):
-        if hasattr(self, "core"):
-            found = invariants.violations(self.core)
-            assert not found, "; ".join(map(str, found))
-
-
-CI_SETTINGS = settings(
-    max_examples=300,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
 
 
 def test_sglang_stateful():
@@ -208,10 +94,4 @@ def test_sglang_mutation_is_caught(mutation, monkeypatch):
     from model import sglang_core
 
     name, replacement = MUTATIONS[mutation]
-    monkeypatch.setattr(sglang_core._Txn, name, replacement)
-    with pytest.raises(Exception):
-        run_state_machine_as_test(
-            SglangMachine,
-            settings=settings(CI_SETTINGS, max_examples=200, derandomize=True, database=None,
-                              phases=[Phase.explicit, Phase.generate]),
-        )
+    mutation_is_caught(SglangMachine, sglang_core._Txn, name, replacement, monkeypatch)
