@@ -131,6 +131,27 @@ def ledger_marks_not_ahead(l: HandoffLedger) -> Optional[str]:
     return None
 
 
+def ledger_roles(led: HandoffLedger, owned) -> Optional[str]:
+    """LEDGER-1 with the scheduler (upstream I5, I7), for any core given the ids its scheduler
+    owns: pending sources and active destinations are scheduler-owned; held sources and pending
+    or reserved destinations are not."""
+    for r in led.source_holds.pending_by_request:
+        if r not in owned:
+            return f"pending source {r!r} is not scheduler-owned"
+    for r in led.active_destinations.by_request:
+        if r not in owned:
+            return f"active destination {r!r} is not scheduler-owned"
+    for name, ids in (
+        ("held source", led.source_holds.held_by_request),
+        ("pending destination", led.pending_destinations.by_request),
+        ("reserved destination", led.destination_holds.by_request),
+    ):
+        clash = owned & set(ids)
+        if clash:
+            return f"{name} {sorted(clash)} is also scheduler-owned"
+    return None
+
+
 from . import Invariant  # noqa: E402  (the registry type; defined before this module is imported)
 
 INVARIANTS = (

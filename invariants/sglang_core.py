@@ -21,6 +21,8 @@ from typing import Dict, List, Optional, Tuple
 from model.radix_cache import ROOT, CacheTxn
 from model.sglang_core import HeldSglangPrefill, SglangCore
 
+from .handoff import ledger_roles
+
 
 def _live_requests(core: SglangCore):
     """Every request that holds KV or a lock: the three queues and the held sources."""
@@ -153,23 +155,7 @@ def queues_consistent(core: SglangCore) -> Optional[str]:
 def roles_consistent(core: SglangCore) -> Optional[str]:
     """LEDGER-1 with the scheduler (upstream I5, I7): pending sources and active destinations are
     scheduler-owned; held sources and pending or reserved destinations are not."""
-    owned = {r.uuid for r in core.requests()}
-    led = core.ledger
-    for r in led.source_holds.pending_by_request:
-        if r not in owned:
-            return f"pending source {r!r} is not scheduler-owned"
-    for r in led.active_destinations.by_request:
-        if r not in owned:
-            return f"active destination {r!r} is not scheduler-owned"
-    for name, ids in (
-        ("held source", led.source_holds.held_by_request),
-        ("pending destination", led.pending_destinations.by_request),
-        ("reserved destination", led.destination_holds.by_request),
-    ):
-        clash = owned & set(ids)
-        if clash:
-            return f"{name} {sorted(clash)} is also scheduler-owned"
-    return None
+    return ledger_roles(core.ledger, {r.uuid for r in core.requests()})
 
 
 def ratio_in_range(core: SglangCore) -> Optional[str]:

@@ -13,6 +13,8 @@ from model import vllm_kv as kvm
 from model.errors import InternalInvariantBroken
 from model.vllm_core import RequestStatus, VllmCore
 
+from .handoff import ledger_roles
+
 
 def kv_pool_consistent(kv: kvm.VllmKvState) -> Optional[str]:
     """KV-2/KV-3: reset + inactive + active = N, holder counts match handles, the eviction index is well formed."""
@@ -55,23 +57,7 @@ def queues_consistent(core: VllmCore) -> Optional[str]:
 def roles_consistent(core: VllmCore) -> Optional[str]:
     """LEDGER-1 with the scheduler (upstream I5, I7): pending sources and active destinations are
     scheduler-owned; held sources and pending or reserved destinations are not."""
-    owned = set(core.requests)
-    led = core.ledger
-    for r in led.source_holds.pending_by_request:
-        if r not in owned:
-            return f"pending source {r!r} is not scheduler-owned"
-    for r in led.active_destinations.by_request:
-        if r not in owned:
-            return f"active destination {r!r} is not scheduler-owned"
-    for name, ids in (
-        ("held source", led.source_holds.held_by_request),
-        ("pending destination", led.pending_destinations.by_request),
-        ("reserved destination", led.destination_holds.by_request),
-    ):
-        clash = owned & set(ids)
-        if clash:
-            return f"{name} {sorted(clash)} is also scheduler-owned"
-    return None
+    return ledger_roles(core.ledger, set(core.requests))
 
 
 def _held_blocks(seq: seqm.ActiveSequence):
