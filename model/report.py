@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import math
 import struct
+from operator import sub as _sub
 from typing import Iterable, Mapping, Sequence
 
 import attrs
@@ -206,8 +207,11 @@ class RequestTimeline:
 
     def itls_ms(self) -> tuple[float, ...]:
         """REP-11: every per-token gap ``max(t[i+1] - t[i], 0)``."""
-        t = self.token_times_ms
-        return tuple(_fmax(t[i + 1] - t[i], 0.0) for i in range(len(t) - 1))
+        t = list(self.token_times_ms)
+        # _fmax(d, 0.0) written out: a NaN gap gives 0.0, any other gap d gives d if d >= 0.0 else 0.0
+        return tuple(
+            (d if d >= 0.0 else 0.0) if d == d else 0.0 for d in map(_sub, t[1:], t[:-1])
+        )
 
     @property
     def counts_as_completed(self) -> bool:
@@ -807,10 +811,9 @@ def build_summary(
         tpot = tl.mean_tpot_ms
         if tpot is not None:
             tpots.append(tpot)
-            for gap in tl.itls_ms():
-                if gap > 0.0:
-                    per_user.append(1000.0 / gap)
-                itls.append(gap)
+            gaps = tl.itls_ms()
+            per_user.extend([1000.0 / gap for gap in gaps if gap > 0.0])
+            itls.extend(gaps)
 
     duration_s = _fmax(duration_ms / 1000.0, 1e-9)
     pws, dws = accounting.worker_seconds(duration_s)
