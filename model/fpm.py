@@ -44,16 +44,16 @@ class WelfordAcc:
 def welford(values: Iterable[float]) -> WelfordAcc:
     """FPM-1 over a sequence: the same float operations, in the same order, as repeated ``add``
     (written out with locals because it runs over every queued request of every pass)."""
+    # ``delta / count`` divides by the int count, which converts exactly (count < 2**53): the
+    # same quotient as ``delta / float(count)``
     count = 0
     total = 0.0
     mean = 0.0
     m2 = 0.0
-    for v in values:
-        v = float(v)
-        count += 1
+    for count, v in enumerate(map(float, values), 1):
         total += v
         delta = v - mean
-        mean += delta / float(count)
+        mean += delta / count
         m2 += delta * (v - mean)
     return WelfordAcc(count, total, mean, m2)
 
@@ -143,7 +143,7 @@ def accept_length_sample(output_signals: Iterable[OutputSignal]) -> Tuple[int, i
 
     ``(0, 0)`` when no visible token was emitted.
     """
-    visible = [s for s in output_signals if not s.rejected]
+    visible = [s.uuid for s in output_signals if not s.rejected]
     if not visible:
         return (0, 0)
-    return (len(visible), len({s.uuid for s in visible}))
+    return (len(visible), len(set(visible)))

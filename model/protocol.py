@@ -16,7 +16,7 @@ from .timing import HandoffTransferTiming as _HandoffTransferTiming
 
 
 def _tokens(value) -> Tuple[int, ...]:
-    return tuple(int(t) for t in value)
+    return tuple(map(int, value))
 
 
 def _opt_rid(value):

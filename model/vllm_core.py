@@ -894,16 +894,12 @@ class _Txn:
                 elif status is preempted:
                     seq = req.sequence
                     queued_decodes.append(len(seq.prompt) + len(seq.generated))
-        else:  # the same scan without the (empty) active-destination test
-            for req in map(get, self.waiting):
-                if req is None:
-                    continue
-                status = req.status
-                if status is waiting_status:
-                    queued_prefills.append(len(req.sequence.prompt))
-                elif status is preempted:
-                    seq = req.sequence
-                    queued_decodes.append(len(seq.prompt) + len(seq.generated))
+        else:  # the same scan without the (empty) active-destination test, as comprehensions
+            reqs = [req for req in map(get, self.waiting) if req is not None]
+            queued_prefills = [len(req.sequence.prompt) for req in reqs if req.status is waiting_status]
+            if len(queued_prefills) < len(reqs):
+                queued_decodes = [len(seq.prompt) + len(seq.generated)
+                                  for req in reqs if req.status is preempted for seq in (req.sequence,)]
         for payload in self.ledger.pending_destinations.payloads():
             queued_decodes.append(payload.sequence.num_input_tokens)
         for reserved in self.ledger.destination_holds.payloads():
