@@ -77,11 +77,105 @@ def uuid_bytes(request_id: RequestId) -> bytes:
 _LEN16 = struct.pack("<Q", 16)
 
 
+# SG-3 fast path: the output-token hash always reads 32 bytes (the length prefix 16, the uuid's
+# 16 bytes, the output position), so its SipHash-1-3 is written out round by round, and the state
+# after the first three words (a function of the uuid alone) is kept in a bounded table.
+_SIP_INIT = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)
+_SIP_TAIL = 32 << 56  # the final block: the message length (32) in the top byte, no tail bytes
+_PREFIX_STATES: dict = {}
+_PREFIX_STATES_MAX = 4096
+
+
+def _uuid_prefix_state(uuid16: bytes) -> Tuple[int, int, int, int]:
+    """The SipHash-1-3 state after the words ``16``, ``uuid16[:8]``, ``uuid16[8:]`` (LE)."""
+    v0, v1, v2, v3 = _SIP_INIT
+    for m in (16, int.from_bytes(uuid16[:8], "little"), int.from_bytes(uuid16[8:], "little")):
+        v3 ^= m
+        v0 = (v0 + v1) & _M64
+        v1 = (((v1 << 13) | (v1 >> 51)) & _M64) ^ v0
+        v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+        v2 = (v2 + v3) & _M64
+        v3 = (((v3 << 16) | (v3 >> 48)) & _M64) ^ v2
+        v0 = (v0 + v3) & _M64
+        v3 = (((v3 << 21) | (v3 >> 43)) & _M64) ^ v0
+        v2 = (v2 + v1) & _M64
+        v1 = (((v1 << 17) | (v1 >> 47)) & _M64) ^ v2
+        v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+        v0 ^= m
+    return v0, v1, v2, v3
+
+
 def output_token(uuid16: bytes, output_len: int) -> int:
     """SG-3: the token a request generates at position ``output_len`` of its output: the low 32 bits
     of ``DefaultHasher`` over ``uuid.hash()`` (length prefix 16 as u64 LE, the 16 bytes) then
-    ``output_len.hash()`` (u64 LE) (lib/mocker/src/scheduler/sglang/request.rs:76-81)."""
-    return siphash13(_LEN16 + uuid16 + struct.pack("<Q", output_len)) & 0xFFFFFFFF
+    ``output_len.hash()`` (u64 LE) (lib/mocker/src/scheduler/sglang/request.rs:76-81).
+
+    Equal to ``siphash13(_LEN16 + uuid16 + struct.pack("<Q", output_len)) & 0xFFFFFFFF``."""
+    if len(uuid16) != 16 or not 0 <= output_len <= _M64:
+        return siphash13(_LEN16 + uuid16 + struct.pack("<Q", output_len)) & 0xFFFFFFFF
+    state = _PREFIX_STATES.get(uuid16)
+    if state is None:
+        if len(_PREFIX_STATES) >= _PREFIX_STATES_MAX:
+            _PREFIX_STATES.clear()
+        state = _PREFIX_STATES[uuid16] = _uuid_prefix_state(uuid16)
+    v0, v1, v2, v3 = state
+    m = output_len
+    v3 ^= m
+    v0 = (v0 + v1) & _M64
+    v1 = (((v1 << 13) | (v1 >> 51)) & _M64) ^ v0
+    v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+    v2 = (v2 + v3) & _M64
+    v3 = (((v3 << 16) | (v3 >> 48)) & _M64) ^ v2
+    v0 = (v0 + v3) & _M64
+    v3 = (((v3 << 21) | (v3 >> 43)) & _M64) ^ v0
+    v2 = (v2 + v1) & _M64
+    v1 = (((v1 << 17) | (v1 >> 47)) & _M64) ^ v2
+    v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    v0 ^= m
+    v3 ^= _SIP_TAIL
+    v0 = (v0 + v1) & _M64
+    v1 = (((v1 << 13) | (v1 >> 51)) & _M64) ^ v0
+    v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+    v2 = (v2 + v3) & _M64
+    v3 = (((v3 << 16) | (v3 >> 48)) & _M64) ^ v2
+    v0 = (v0 + v3) & _M64
+    v3 = (((v3 << 21) | (v3 >> 43)) & _M64) ^ v0
+    v2 = (v2 + v1) & _M64
+    v1 = (((v1 << 17) | (v1 >> 47)) & _M64) ^ v2
+    v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    v0 ^= _SIP_TAIL
+    v2 ^= 0xFF
+    v0 = (v0 + v1) & _M64
+    v1 = (((v1 << 13) | (v1 >> 51)) & _M64) ^ v0
+    v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+    v2 = (v2 + v3) & _M64
+    v3 = (((v3 << 16) | (v3 >> 48)) & _M64) ^ v2
+    v0 = (v0 + v3) & _M64
+    v3 = (((v3 << 21) | (v3 >> 43)) & _M64) ^ v0
+    v2 = (v2 + v1) & _M64
+    v1 = (((v1 << 17) | (v1 >> 47)) & _M64) ^ v2
+    v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    v0 = (v0 + v1) & _M64
+    v1 = (((v1 << 13) | (v1 >> 51)) & _M64) ^ v0
+    v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+    v2 = (v2 + v3) & _M64
+    v3 = (((v3 << 16) | (v3 >> 48)) & _M64) ^ v2
+    v0 = (v0 + v3) & _M64
+    v3 = (((v3 << 21) | (v3 >> 43)) & _M64) ^ v0
+    v2 = (v2 + v1) & _M64
+    v1 = (((v1 << 17) | (v1 >> 47)) & _M64) ^ v2
+    v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    v0 = (v0 + v1) & _M64
+    v1 = (((v1 << 13) | (v1 >> 51)) & _M64) ^ v0
+    v0 = ((v0 << 32) | (v0 >> 32)) & _M64
+    v2 = (v2 + v3) & _M64
+    v3 = (((v3 << 16) | (v3 >> 48)) & _M64) ^ v2
+    v0 = (v0 + v3) & _M64
+    v3 = (((v3 << 21) | (v3 >> 43)) & _M64) ^ v0
+    v2 = (v2 + v1) & _M64
+    v1 = (((v1 << 17) | (v1 >> 47)) & _M64) ^ v2
+    v2 = ((v2 << 32) | (v2 >> 32)) & _M64
+    return (v0 ^ v1 ^ v2 ^ v3) & 0xFFFFFFFF
 
 
 def ceil_to_block(tokens: int, block_size: int) -> int:
