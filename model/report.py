@@ -24,7 +24,9 @@ from operator import sub as _sub
 from typing import Iterable, Mapping, Sequence
 
 import attrs
-from pyrsistent import PMap, PVector, pmap, pvector
+from pyrsistent import PVector, pvector
+
+from .frozen import EMPTY as _EMPTY_MAP, FrozenDict, adopt as _adopt, draft as _draft
 
 from model.errors import InvalidInput
 
@@ -309,6 +311,17 @@ class WorkerAccounting:
 # ---------------------------------------------------------------------------
 
 
+def _frozen_map(value) -> FrozenDict:
+    return value if type(value) is FrozenDict else FrozenDict(value)
+
+
+def _map_set(m: FrozenDict, key, value) -> FrozenDict:
+    """``m`` with ``key`` set to ``value`` (one copy)."""
+    d = _draft(m)
+    d[key] = value
+    return _adopt(d)
+
+
 @attrs.frozen
 class TraceCollector:
     """A pure mirror of upstream's ``TraceCollector`` (REP-1).
@@ -320,7 +333,8 @@ class TraceCollector:
     ``order`` keeps first-arrival order, which is the summation order used here.
     """
 
-    requests: PMap = attrs.field(factory=pmap)
+    #: uuid -> timeline, an immutable dict (one C-level copy per change; reads at dict speed)
+    requests: FrozenDict = attrs.field(default=_EMPTY_MAP, converter=_frozen_map)
     order: PVector = attrs.field(factory=pvector)
     capture_per_request: bool = False
     sla: SlaThresholds = attrs.field(factory=SlaThresholds)
@@ -350,7 +364,7 @@ class TraceCollector:
         return tuple(self.requests[u] for u in self.order)
 
     def _update(self, uuid: str, **changes: object) -> "TraceCollector":
-        return attrs.evolve(self, requests=self.requests.set(uuid, attrs.evolve(self.requests[uuid], **changes)))
+        return attrs.evolve(self, requests=_map_set(self.requests, uuid, attrs.evolve(self.requests[uuid], **changes)))
 
     def _detail(self, uuid: str) -> RequestTimeline | None:
         if not self.capture_per_request:
@@ -365,7 +379,7 @@ class TraceCollector:
             uuid=uuid, arrival_time_ms=arrival_time_ms, input_length=input_length, output_length=output_length
         )
         order = self.order if uuid in self.requests else self.order.append(uuid)
-        return attrs.evolve(self, requests=self.requests.set(uuid, tl), order=order)
+        return attrs.evolve(self, requests=_map_set(self.requests, uuid, tl), order=order)
 
     def on_session_metadata(self, uuid: str, session_id: str, turn_index: int) -> "TraceCollector":
         tl = self._detail(uuid)
@@ -454,7 +468,7 @@ class TraceCollector:
         """``on_token`` for each uuid in order, all stamped ``token_time_ms`` (one pass's tokens).
 
         Equal to calling :meth:`on_token` once per uuid; the new timelines are collected in a
-        local map (a repeated uuid sees its earlier token) and set with one map evolver."""
+        local map (a repeated uuid sees its earlier token) and set in one copy of the map."""
         requests = self.requests
         get = requests.get
         changed: dict = {}
@@ -468,10 +482,9 @@ class TraceCollector:
             changed[uuid] = _with_token(tl, t)
         if not changed:
             return self
-        ev = requests.evolver()
-        for uuid, tl in changed.items():
-            ev.set(uuid, tl)
-        return TraceCollector(ev.persistent(), self.order, self.capture_per_request, self.sla, self.accounting)
+        d = _draft(requests)
+        d.update(changed)
+        return TraceCollector(_adopt(d), self.order, self.capture_per_request, self.sla, self.accounting)
 
     def request_latencies(self, uuid: str) -> tuple[float, float] | None:
         """``(ttft_ms, mean_itl_ms or 0)`` once the request has a token (router feedback)."""
