@@ -175,6 +175,20 @@ _W_TOTAL, _W_PROMPT, _W_PREFIX, _W_PROMPT_LEN, _W_SEQ_LEN = range(5)
 _BLOCKED = "blocked"
 _CURRENT_PREEMPTED = "current_preempted"
 
+#: VLLM-14: the quiet output signal of a request (emitted, not completed, no delay) is one
+#: immutable value per request id; a bounded table keeps it so a pass does not rebuild one per token
+_QUIET_SIGNALS: Dict[RequestId, OutputSignal] = {}
+_QUIET_SIGNALS_MAX = 4096
+
+
+def _quiet_signal(uuid: RequestId) -> OutputSignal:
+    sig = _QUIET_SIGNALS.get(uuid)
+    if sig is None:
+        if len(_QUIET_SIGNALS) >= _QUIET_SIGNALS_MAX:
+            _QUIET_SIGNALS.clear()
+        sig = _QUIET_SIGNALS[uuid] = OutputSignal(uuid, False, False, None)
+    return sig
+
 
 class _Txn:
     """A mutable working copy of a :class:`VllmCore` for one operation (never escapes)."""
@@ -698,6 +712,7 @@ class _Txn:
         running_members = self.running_members
         generate_quiet = seqm.generate_quiet
         fresh = self.fresh.get
+        quiet, quiet_signal = _QUIET_SIGNALS.get, _quiet_signal
         for uuid in ready:
             # fast path: no block signal and not the last token: emitted, not completed (no delay)
             if uuid in running_members:
@@ -709,13 +724,13 @@ class _Txn:
                         seq = req.sequence
                         if made[1] is seq:
                             if seqm.generate_quiet_in_place(seq):
-                                signals.append(OutputSignal(uuid, False, False, None))
+                                signals.append(quiet(uuid) or quiet_signal(uuid))
                                 continue
                         else:
                             new_seq = generate_quiet(seq)
                             if new_seq is not None:
                                 object.__setattr__(req, "sequence", new_seq)
-                                signals.append(OutputSignal(uuid, False, False, None))
+                                signals.append(quiet(uuid) or quiet_signal(uuid))
                                 continue
                     else:
                         new_seq = generate_quiet(req.sequence)
@@ -723,7 +738,7 @@ class _Txn:
                             requests[uuid] = VllmRequest(
                                 req.uuid, new_seq, req.status, req.num_computed_tokens, req.num_preemptions
                             )
-                            signals.append(OutputSignal(uuid, False, False, None))
+                            signals.append(quiet(uuid) or quiet_signal(uuid))
                             continue
             emitted = False
             completed = False

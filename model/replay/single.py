@@ -70,11 +70,10 @@ def run_single(
             or bool(res.output_signals)
             or bool(res.kv_events)
         )
-        for s in res.output_signals:
-            if s.completed:
-                status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
-                col = col.on_terminal(s.uuid.value, status)
-                done += 1
+        for s in [s for s in res.output_signals if s.completed]:
+            status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
+            col = col.on_terminal(s.uuid.value, status)
+            done += 1
         if on_progress is not None and res.completed_requests:
             on_progress(done, adm.total)
         if admit_between:
