@@ -240,6 +240,13 @@ def _replace(seq: ActiveSequence, generated=None, num_allocated_tokens=None, uni
 # ---------------------------------------------------------------------------
 
 
+#: SEQ-3 / HASH-1..HASH-3: ``(parent sequence hash, block index, the block's u32 tokens)`` ->
+#: ``(local hash, sequence hash, FullBlock, Plh)`` of a prompt block with prefix caching: a bounded
+#: table of a pure function of its key (prompts that share a prefix share these immutable values)
+_PROMPT_BLOCKS: dict = {}
+_PROMPT_BLOCKS_MAX = 1 << 15
+
+
 def new_sequence(
     request_key: int,
     prompt,
@@ -263,7 +270,8 @@ def new_sequence(
         raise InvalidInput("request_key", request_key, "must be a u128", rule="SEQ-2")
     prompt = tuple(prompt)
     # all ints within [0, u32]: checked by min/max; anything else by the per-token loop
-    if prompt and not (set(map(type, prompt)) == {int} and min(prompt) >= 0 and max(prompt) <= _U32_MAX):
+    plain = not prompt or (set(map(type, prompt)) == {int} and min(prompt) >= 0 and max(prompt) <= _U32_MAX)
+    if not plain:
         for t in prompt:
             if not 0 <= t <= _U32_MAX:
                 raise InvalidInput("token", t, "token ids are u32", rule="SEQ-3")
@@ -274,13 +282,23 @@ def new_sequence(
     plhs: list[Plh] = []
     parent: Optional[int] = None
     block_hash = tokens_hasher(block_size) if enable_prefix_caching and n_full else None
+    cache = _PROMPT_BLOCKS if plain else None
     for i in range(n_full):
         if block_hash is not None:
-            local = block_hash(prompt[i * block_size:(i + 1) * block_size])
-            seq = local if parent is None else chain_hash(parent, local)
+            toks = prompt[i * block_size:(i + 1) * block_size]
+            hit = cache.get((parent, i, toks)) if cache is not None else None
+            if hit is None:
+                local = block_hash(toks)
+                seq = local if parent is None else chain_hash(parent, local)
+                hit = (local, seq, FullBlock(seq), Plh.new(seq, parent, i))
+                if cache is not None:
+                    if len(cache) >= _PROMPT_BLOCKS_MAX:
+                        cache.clear()
+                    cache[(parent, i, toks)] = hit
+            local, seq, full, plh = hit
             hashes.append(local)
-            blocks.append(FullBlock(seq))
-            plhs.append(Plh.new(seq, parent, i))
+            blocks.append(full)
+            plhs.append(plh)
             parent = seq
         else:
             blocks.append(FullBlock(private_block_id(b"F", request_key, i)))
