@@ -364,19 +364,7 @@ def commit_allocation(seq: ActiveSequence, cumulative_tokens: int) -> ActiveSequ
 
 def with_allocated(seq: ActiveSequence, cumulative_tokens: int) -> ActiveSequence:
     """:func:`commit_allocation` for ``cumulative_tokens >= 0`` (the engine core's hot path)."""
-    return ActiveSequence(
-        seq.request_key,
-        seq.prompt,
-        seq.block_size,
-        seq.max_output_tokens,
-        seq.enable_prefix_caching,
-        seq.emit_token_ids,
-        seq.generated,
-        cumulative_tokens,
-        seq.unique_blocks,
-        seq.block_hashes,
-        seq.plhs,
-    )
+    return _replace(seq, num_allocated_tokens=cumulative_tokens)
 
 
 def allocate_blocks_for_chunk(seq: ActiveSequence, cumulative_tokens: int) -> tuple[ActiveSequence, Optional[Use]]:
@@ -484,19 +472,7 @@ def generate_quiet(seq: ActiveSequence) -> Optional[ActiveSequence]:
     n_gen = len(gen) + 1
     if n_gen >= seq.max_output_tokens or (len(seq.prompt) + n_gen) % seq.block_size == 1:
         return None
-    return ActiveSequence(
-        seq.request_key,
-        seq.prompt,
-        seq.block_size,
-        seq.max_output_tokens,
-        seq.enable_prefix_caching,
-        seq.emit_token_ids,
-        gen.append(_MODEL_TOKEN),
-        seq.num_allocated_tokens,
-        seq.unique_blocks,
-        seq.block_hashes,
-        seq.plhs,
-    )
+    return _replace(seq, generated=gen.append(_MODEL_TOKEN))
 
 
 def generate_quiet_in_place(seq: ActiveSequence) -> bool:
