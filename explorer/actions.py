@@ -12,6 +12,7 @@ import attrs
 
 from model import core as C
 from model.errors import InternalInvariantBroken, ModelError
+from model.replay.common import made_progress
 from model.protocol import (
     ActivateDestination,
     CancelDestination,
@@ -73,15 +74,10 @@ def guard_holds(core, spec: ActionSpec) -> bool:
 
 
 def reports_progress(result) -> bool:
-    """MC-7: a pass counts as progress iff it admitted, emitted, completed, produced lifecycle or
-    KV events, or its FPM shows a scheduled request -- the offline driver's test
-    (lib/mocker/src/replay/offline/components/engine.rs:284-296)."""
-    if result.admissions or result.completed_requests > 0 or result.output_signals:
-        return True
-    if result.lifecycle_events or result.kv_events:
-        return True
-    fpm = result.fpm
-    return fpm is not None and (fpm.num_prefill_requests > 0 or fpm.num_decode_requests > 0)
+    """MC-7: a pass counts as progress exactly when the offline driver counts it (DRV-6:
+    admissions, emissions, completions, lifecycle or KV events, or a scheduled request in its
+    FPM)."""
+    return made_progress(result)
 
 
 def _event_label(e) -> str:
@@ -110,6 +106,19 @@ def command_of(spec: ActionSpec):
     if k == "cancel_destination":
         return CancelDestination(spec.handoff)
     return None
+
+
+_COMMANDS: dict = {}
+
+
+def _command_memo(spec: ActionSpec):
+    """``command_of(spec)``, built once per action (commands are immutable values)."""
+    hit = _COMMANDS.get(id(spec))
+    if hit is None or hit[0] is not spec:
+        if len(_COMMANDS) >= 10_000:
+            _COMMANDS.clear()
+        hit = _COMMANDS[id(spec)] = (spec, command_of(spec))
+    return hit[1]
 
 
 def fire(core, spec: ActionSpec, now_ms: float):
@@ -142,7 +151,7 @@ def fire(core, spec: ActionSpec, now_ms: float):
             new, eff = C.retry_pending_destinations(core)
             evs = tuple(_event_label(e) for e in eff.lifecycle_events)
             return new, Outcome("; ".join(evs) if evs else "-", now_ms=now_ms, end_ms=now_ms, events=evs)
-        cmd = command_of(spec)
+        cmd = _command_memo(spec)
         new, eff = C.apply_command_effects(core, cmd, spec.allow_destination_admission)
         evs = tuple(_event_label(e) for e in eff.lifecycle_events)
         label = type(eff.result).__name__

@@ -445,6 +445,15 @@ class _SglangKeyer:
         s = self.slot
         return tuple(s(i) for i in indices)
 
+    def first_slots(self, indices) -> tuple:
+        """``slots(indices)`` while no slot is labelled yet (the free list, keyed first), in C loops:
+        distinct slots in order of first occurrence get 0, 1, 2, ..."""
+        labels = self.slot.labels
+        if labels:
+            return self.slots(indices)
+        labels.update(zip(dict.fromkeys(indices), itertools.count()))
+        return tuple(map(labels.__getitem__, indices))
+
     def tree(self, cache) -> tuple:
         ticks = _ranks(n.last_access for n in cache.nodes.values())
         out = []
@@ -475,7 +484,7 @@ def _sglang_key(core) -> Hashable:
     kv = core.kv
     cache = kv.cache
     k = _SglangKeyer(cache)
-    free = k.slots(cache.pool.free_list)
+    free = k.first_slots(cache.pool.free_list)
     tree = k.tree(cache)
     queues = tuple(tuple(k.request(r) for r in q) for q in (core.waiting, core.prebuilt_ready, core.running))
     res_rank = _ranks(kv.live_reservations)

@@ -26,22 +26,37 @@ def _violations_of(obj, invariants) -> List[Tuple[str, str, str]]:
     hit = _INV_CACHE.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]
+    applicable, fields, _ = _shape(type(obj), invariants)
     out: List[Tuple[str, str, str]] = []
-    for inv in invariants.applicable(obj):
+    for inv in applicable:
         msg = inv.check(obj)
         if msg is not None:
             out.append((inv.name, inv.rule, msg))
-    import attrs
-
-    for field in attrs.fields(type(obj)):
-        value = getattr(obj, field.name)
-        if attrs.has(type(value)):
-            for name, rule, msg in _violations_of(value, invariants):
-                out.append((name, rule, f"{field.name}: {msg}"))
+    for name in fields:
+        value = getattr(obj, name)
+        if _shape(type(value), invariants)[2]:
+            for iname, rule, msg in _violations_of(value, invariants):
+                out.append((iname, rule, f"{name}: {msg}"))
     if len(_INV_CACHE) >= _INV_CACHE_MAX:
         _INV_CACHE.clear()
     _INV_CACHE[id(obj)] = (obj, out)
     return out
+
+
+_SHAPES: Dict[type, tuple] = {}
+
+
+def _shape(cls: type, invariants) -> tuple:
+    """Per type: the invariants that apply to it, its attrs field names, whether it is an attrs
+    class (the walk of ``invariants.violations``, looked up once per type)."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        import attrs
+
+        is_attrs = attrs.has(cls)
+        names = tuple(f.name for f in attrs.fields(cls)) if is_attrs else ()
+        shape = _SHAPES[cls] = (invariants.applicable_to_type(cls), names, is_attrs)
+    return shape
 
 
 def registered_invariants(core) -> List[Tuple[str, str]]:

@@ -11,6 +11,8 @@ connected component.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import time
 from collections import deque
@@ -23,7 +25,7 @@ from model import core as C
 
 from . import properties as P
 from .actions import Outcome, fire, guard_holds
-from .canon import Symmetry, node_key, symmetry_for
+from .canon import Symmetry, canonical_key, is_vllm, node_key, symmetry_for
 from .scenario import Scenario
 
 
@@ -193,6 +195,24 @@ def explore(
     stop = (lambda vs: bool(vs)) if stop_at_first else None
     if stop_on is not None:
         stop = lambda vs: any(v.kind == stop_on for v in vs)  # noqa: E731
+    with _collector_tuned():
+        return _explore(scenario, sym, max_states, max_depth, progress, stop, liveness)
+
+
+@contextlib.contextmanager
+def _collector_tuned():
+    """Exploration keeps every state it finds: with the default thresholds the cyclic garbage
+    collector rescans that growing heap again and again (about 40% of the run). The states are
+    immutable and acyclic, so collections are made rare for the run and the thresholds restored."""
+    saved = gc.get_threshold()
+    gc.set_threshold(50_000, 50, 1_000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
+def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> Exploration:
     if sym is None:
         return _run(scenario, None, max_states, max_depth, progress, stop, safety=True, liveness=liveness)
     reduced = _run(scenario, sym, max_states, max_depth, progress, stop, safety=True, liveness=False)
@@ -217,7 +237,8 @@ def graph_of(v: Violation, exploration: Exploration) -> Exploration:
     return v.graph if v.graph is not None else exploration
 
 
-def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, liveness: bool) -> Exploration:
+def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, liveness: bool,
+         reuse: bool = True) -> Exploration:
     max_states = scenario.max_states if max_states is None else max_states
     max_depth = scenario.max_depth if max_depth is None else max_depth
     checks = set(scenario.checks)
@@ -229,7 +250,27 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
     rss0 = _rss_bytes()
 
     core0 = C.new_core(scenario.args)
-    key0 = node_key(core0, 0, sym)
+    # MC-23: without symmetry a node's key is (core key, fired set) and an action's outcome depends
+    # on the core alone, so core keys are numbered once and each core's outcomes are kept for every
+    # node that shares it (nodes that differ only in which once-actions already fired)
+    split = reuse and (sym is None or not is_vllm(core0))
+    core_ids: Dict[object, int] = {}
+    node_core: List[int] = []
+    outcomes: Dict[int, tuple] = {}  # core id * len(actions) + action -> (successor, outcome, its core id)
+    n_actions = len(actions)
+
+    def core_id(c) -> int:
+        k = canonical_key(c)
+        cid = core_ids.get(k)
+        if cid is None:
+            cid = core_ids[k] = len(core_ids)
+        return cid
+
+    if split:
+        node_core.append(core_id(core0))
+        key0 = (node_core[0], 0)
+    else:
+        key0 = node_key(core0, 0, sym)
     ids: Dict[object, int] = {key0: 0}
     keys: List[object] = [key0]
     parent_edge = [-1]
@@ -297,7 +338,17 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
                     continue
                 cov = coverage[i]
                 cov.enabled += 1
-                new, out = fire(core, spec, now)
+                if split:
+                    cid = node_core[nid]
+                    hit = outcomes.get(cid * n_actions + i)
+                    if hit is None:
+                        new, out = fire(core, spec, now)
+                        ncid = -1 if out.internal_error is not None else (cid if new is core else core_id(new))
+                        outcomes[cid * n_actions + i] = (new, out, ncid)
+                    else:
+                        new, out, ncid = hit
+                else:
+                    new, out = fire(core, spec, now)
                 fired2 = fired | (1 << i) if spec.once else fired
                 eidx = len(edges)
                 if out.internal_error is not None:  # MC-16
@@ -308,13 +359,20 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
                 if out.rejected is not None:
                     cov.rejected += 1
                     # MC-13: a rejected command leaves the core's key unchanged
-                    if safety and "transitions" in checks and node_key(core, fired, sym) != keys[nid]:
+                    if safety and "transitions" in checks and (
+                            (split and core_id(core) != node_core[nid])
+                            or (not split and node_key(core, fired, sym) != keys[nid])):
                         report("rejected_changed_state", spec.kind,
                                f"{spec.name} was rejected ({out.rejected}) but the core changed", nid, eidx)
                 else:
                     cov.fired += 1
-                key = node_key(new, fired2, sym)
-                dst = ids.get(key)
+                if new is core and fired2 == fired:
+                    # CORE-7: an operation that changed nothing returns its input; a self-loop
+                    dst = nid
+                    key = None
+                else:
+                    key = (ncid, fired2) if split else node_key(new, fired2, sym)
+                    dst = ids.get(key)
                 if dst is None:
                     if len(keys) >= max_states:
                         truncated_by = "max_states"
@@ -326,6 +384,8 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
                     parent_edge.append(eidx)
                     depth.append(depth[nid] + 1)
                     fired_of.append(fired2)
+                    if split:
+                        node_core.append(ncid)
                     drained.append(C.is_drained(new))
                     views.append(_view(scenario, new, fired2, once_index))
                     expanded.append(False)

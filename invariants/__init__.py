@@ -65,7 +65,12 @@ def by_name(name: str) -> Invariant:
 
 
 def applicable(state: object) -> Tuple[Invariant, ...]:
-    return tuple(inv for inv in REGISTRY if isinstance(state, inv.applies_to))
+    return applicable_to_type(type(state))
+
+
+def applicable_to_type(cls: type) -> Tuple[Invariant, ...]:
+    """The invariants that apply to instances of ``cls``."""
+    return tuple(inv for inv in REGISTRY if issubclass(cls, inv.applies_to))
 
 
 def _walk(state: object, path: str) -> Iterator[Tuple[object, str]]:

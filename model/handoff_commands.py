@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, List, Optional, Protocol, Tuple
 
+import attrs
+
 from .errors import CommandRejected, RequestAlreadyActive
 from .ids import HandoffId, RequestId
 from .ledger import HandoffLedger
@@ -216,8 +218,10 @@ def retry(txn: CoreTxn, now_ms: Optional[float] = None) -> Tuple[LifecycleEvent,
 
 
 def _evolve(ledger: HandoffLedger, **changes) -> HandoffLedger:
-    import attrs
-
+    """The ledger with ``changes``; the ledger itself when every changed part is the one it holds
+    (CORE-7: an operation that changes nothing returns its input)."""
+    if all(getattr(ledger, k) is v for k, v in changes.items()):
+        return ledger
     return attrs.evolve(ledger, **changes)
 
 

@@ -214,11 +214,29 @@ class _Txn:
         self.fresh: Dict[int, Tuple[VllmRequest, Optional[seqm.ActiveSequence]]] = {}
 
     def freeze(self) -> VllmCore:
-        """The new core (called once, at the end of the operation: the request map is frozen in place)."""
+        """The new core (called once, at the end of the operation: the request map is frozen in place).
+
+        CORE-7: when the operation changed nothing, the input core itself."""
+        c = self.core
+        kv = self.kv
+        if (
+            kv is c.kv
+            and self.ledger is c.ledger
+            and self.attempts == c.destination_reservation_attempts
+            and self.preemptions_total == c.preemptions_total
+            and len(self.waiting) == len(c.waiting)
+            and len(self.running) == len(c.running)
+            and self.requests == c.requests
+            and self.waiting == list(c.waiting)
+            and self.running == list(c.running)
+            and self.waiting_members == c.waiting_members
+            and self.running_members == c.running_members
+        ):
+            return c
         return VllmCore(
             args=self.args,
-            dp_rank=self.core.dp_rank,
-            kv=self.kv,
+            dp_rank=c.dp_rank,
+            kv=kv,
             requests=adopt(self.requests),
             waiting=pvector(self.waiting),
             waiting_members=frozenset(self.waiting_members),

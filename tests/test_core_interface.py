@@ -11,11 +11,15 @@ from model.errors import RequestAlreadyActive
 from model.handoff_commands import MissingRequestId
 from model.ids import HandoffId, RequestId
 from model.protocol import (
+    NOOP,
+    ActivateDestination,
     Applied,
     CancelDestination,
+    CancelSource,
     DestinationAccepted,
     DestinationReserved,
     DirectRequest,
+    ReleaseSource,
     ReserveDestination,
     Submit,
     Submitted,
@@ -71,6 +75,31 @@ def test_standalone_retry_reserves_the_head_once():
     core, eff = C.apply_command_effects(core, CancelDestination("h"))
     assert C.is_drained(core)
     assert RequestId("d") not in core.requests
+
+
+@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+def test_unchanged_command_returns_input_core(engine):
+    """CORE-7: a cancel or release of an unknown handoff, and a retry with no head due, return the
+    input core object itself; a command that changes something returns a new core and leaves the
+    old one as it was."""
+    core = _core(engine_type=engine)
+    core, _ = C.apply_command_effects(core, Submit(DirectRequest([1, 2, 3], 2, "a")))
+    if engine == "vllm":  # TRT-LLM refuses destinations (TRT-4)
+        core, _ = C.apply_command_effects(core, ReserveDestination("h", DirectRequest([1] * 6, 2, "d")))
+        assert core.ledger.destination_holds.contains(HandoffId("h"))
+    for command in (CancelDestination("nobody"), CancelSource("nobody"), ReleaseSource("nobody"),
+                    ActivateDestination("nobody")):
+        new, eff = C.apply_command_effects(core, command)
+        assert eff.result == NOOP and new is core, command
+    new, ret = C.retry_pending_destinations(core)
+    assert ret.lifecycle_events == () and new is core
+    if engine == "vllm":
+        new, eff = C.apply_command_effects(core, CancelDestination("h"))
+        assert eff.result == Applied() and new is not core
+        assert core.ledger.destination_holds.contains(HandoffId("h"))
+        assert not new.ledger.destination_holds.contains(HandoffId("h"))
+    new, _ = C.apply_command_effects(core, Submit(DirectRequest([4], 1, "b")))
+    assert new is not core and RequestId("b") not in core.requests
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])

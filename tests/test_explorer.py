@@ -114,6 +114,33 @@ def test_symmetry_reduces_and_agrees():
     assert r6.violation("deadlock").length == explore(s6).violation("deadlock").length
 
 
+@pytest.mark.parametrize("name", ["clean/vllm-prefill-three-sources", "known-defects/s6-vllm-activated-fifo-deadlock"])
+def test_outcome_reuse_gives_the_same_graph(name, monkeypatch):
+    """MC-23: taking a core's outcomes from an earlier node with the same core gives exactly the
+    graph (nodes, numbered edges, outcomes, views, violations) of firing every action on every
+    node, with fewer firings."""
+    from explorer import search
+
+    sc = load_scenario(LIB / f"{name}.json")
+    calls = []
+    real_fire = search.fire
+
+    def counting(core, spec, now):
+        calls.append(spec.kind)
+        return real_fire(core, spec, now)
+
+    monkeypatch.setattr(search, "fire", counting)
+    reused = search._run(sc, None, None, None, False, None, safety=True, liveness=True)
+    n_reused = len(calls)
+    full = search._run(sc, None, None, None, False, None, safety=True, liveness=True, reuse=False)
+    assert n_reused < len(calls) - n_reused  # the shortcut was taken
+    assert reused.num_states == full.num_states and reused.views == full.views
+    assert [(e.src, e.dst, e.action, e.outcome) for e in reused.edges] == \
+        [(e.src, e.dst, e.action, e.outcome) for e in full.edges]
+    assert [(v.kind, v.name, v.node, v.steps()) for v in reused.violations] == \
+        [(v.kind, v.name, v.node, v.steps()) for v in full.violations]
+
+
 def test_bounds_make_the_run_incomplete_and_skip_liveness():
     """MC-20: a state bound truncates the search; liveness is then not claimed."""
     sc = load_scenario(LIB / "clean" / "vllm-decode-three-handoffs.json")
