@@ -166,9 +166,14 @@ def dumps_compact(value: Any) -> str:
 
 
 def record_line(record: PerRequestRecord | Mapping[str, Any]) -> str:
-    """REP-3: one JSONL row (without the newline), keys in :data:`REPORT_FIELDS` order."""
+    """REP-3: one JSONL row (without the newline), keys in :data:`REPORT_FIELDS` order: what
+    ``dumps_compact`` writes for that mapping, with the key texts written once per process."""
     d = record.to_dict() if isinstance(record, PerRequestRecord) else record
-    return dumps_compact({k: d[k] for k in REPORT_FIELDS})
+    return "{" + ",".join([key + dumps_compact(d[name]) for name, key in _FIELD_KEYS]) + "}"
+
+
+#: each report field with its serialised key and colon
+_FIELD_KEYS = tuple((k, json.dumps(k, ensure_ascii=False) + ":") for k in REPORT_FIELDS)
 
 
 # ---------------------------------------------------------------------------
