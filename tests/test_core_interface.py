@@ -79,10 +79,12 @@ def test_standalone_retry_reserves_the_head_once():
 
 @pytest.mark.parametrize("engine", ["vllm", "trtllm"])
 def test_unchanged_command_returns_input_core(engine):
-    """CORE-7: a cancel or release of an unknown handoff, and a retry with no head due, return the
-    input core object itself; a command that changes something returns a new core and leaves the
-    old one as it was."""
+    """CORE-7: a cancel or release of an unknown handoff, a retry with no head due and a pass with
+    nothing to schedule return the input core object itself; a command that changes something
+    returns a new core and leaves the old one as it was."""
     core = _core(engine_type=engine)
+    idle, res = C.execute_pass(core, 0.0)
+    assert idle is core and res.end_ms == 0.0
     core, _ = C.apply_command_effects(core, Submit(DirectRequest([1, 2, 3], 2, "a")))
     if engine == "vllm":  # TRT-LLM refuses destinations (TRT-4)
         core, _ = C.apply_command_effects(core, ReserveDestination("h", DirectRequest([1] * 6, 2, "d")))
