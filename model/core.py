@@ -16,7 +16,7 @@ the module-level functions below dispatch on the core's class.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import attrs
 
@@ -47,12 +47,44 @@ class MockerMetrics:
         return cls(dp_rank, active, total, perc, running, waiting, preemptions, hit, cache_total)
 
 
+class Deferred:
+    """CORE-3: a pure value computed on first use and kept (the vLLM pass's FPM snapshot, which
+    only the step trace reads in full and the driver reads only for an otherwise idle pass).
+
+    ``compute`` must be a pure function of values nobody changes afterwards."""
+
+    __slots__ = ("_compute", "_value")
+
+    def __init__(self, compute: Callable[[], Any]) -> None:
+        self._compute: Optional[Callable[[], Any]] = compute
+        self._value: Any = None
+
+    def get(self) -> Any:
+        if self._compute is not None:
+            self._value = self._compute()
+            self._compute = None
+        return self._value
+
+    def __repr__(self) -> str:
+        return repr(self.get())
+
+
+def _resolved(value: Any) -> Any:
+    return value.get() if type(value) is Deferred else value
+
+
+def _same_fpm(a: Any, b: Any) -> bool:
+    return _resolved(a) == _resolved(b)
+
+
 @attrs.frozen
 class PassResult:
     """CORE-3: what one scheduling pass produced.
 
     ``token_ms`` is the timestamp every token of the pass is stamped with (and
     admissions are stamped ``now_ms``), so a driver can feed its collector.
+    ``fpm`` may be given as a :class:`Deferred`; reading it (and comparing results)
+    gives the snapshot either way.
     """
 
     now_ms: float
@@ -65,9 +97,15 @@ class PassResult:
     metrics: MockerMetrics
     router_event_visibility: str  # "pass_start" (vLLM) or "pass_end" (SGLang)
     kv_events: Tuple[object, ...]
-    fpm: Optional[ForwardPassSnapshot]
+    _fpm: Any = attrs.field(
+        alias="fpm", eq=attrs.cmp_using(eq=_same_fpm, require_same_type=False), hash=False
+    )
     accept_length_output_tokens: int
     accept_length_decode_forwards: int
+
+    @property
+    def fpm(self) -> Optional[ForwardPassSnapshot]:
+        return _resolved(self._fpm)
 
 
 @attrs.frozen

@@ -14,6 +14,7 @@ into a new core at the end.  Nothing mutable escapes it.
 from __future__ import annotations
 
 import enum
+import functools
 import uuid as _uuid
 from typing import Any, ClassVar, Dict, FrozenSet, List, Optional, Tuple
 
@@ -26,7 +27,7 @@ from . import sequence as seqm
 from . import timing
 from . import vllm_kv as kvm
 from .admission import AdmissionInvariant, AdmissionStage
-from .core import MockerMetrics, PassResult, RetryEffects
+from .core import Deferred, MockerMetrics, PassResult, RetryEffects
 from .engine_args import EngineArgs, EngineType, PreemptionMode, WorkerType
 from .errors import DestinationPromptTooLarge, DestinationUnsupported, InternalInvariantBroken, RequestAlreadyActive
 from .frozen import EMPTY as FROZEN_EMPTY
@@ -874,7 +875,8 @@ class _Txn:
         for uuid in rejected:
             signals.append(OutputSignal(uuid, True, True, None))
         end_ms = timing.advance_ms(decode_start_ms, decode_ns)
-        fpm = self.compute_fpm(p, (end_ms - now_ms) / 1000.0)
+        # VLLM-19, computed when first read: nothing it reads changes after the pass (CORE-3)
+        fpm = Deferred(functools.partial(self.compute_fpm, p, (end_ms - now_ms) / 1000.0))
         visible, forwards = accept_length_sample(signals)
         lifecycle = tuple(self.lifecycle_events)
         self.lifecycle_events = []

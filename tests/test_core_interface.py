@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from model import core as C
@@ -185,3 +186,28 @@ def test_s14_cancelling_a_non_head_pending_entry_bumps_the_generation(engine):
     assert eff.result == Applied()
     assert core.ledger.capacity_generation == g + 1
     assert not core.ledger.pending_destinations.contains_handoff(HandoffId("hB"))
+
+
+def test_deferred_fpm_equals_the_eager_snapshot(monkeypatch):
+    """CORE-3: the vLLM pass defers its FPM snapshot; reading it gives what computing it at pass
+    end gives (the pass's scratch and end state are final), and results compare by value."""
+    from model import vllm_core
+    from model.core import Deferred
+
+    core = _core(num_gpu_blocks=16)
+    core, _ = C.apply_command_effects(core, Submit(DirectRequest([1, 2, 3, 4, 5], 3, "a")))
+    core, _ = C.apply_command_effects(core, Submit(DirectRequest([6] * 40, 2, "b")))
+    core, _ = C.apply_command_effects(core, Submit(DirectRequest([7] * 30, 2, "c")))
+    _, res = C.execute_pass(core, 0.0)
+    assert type(res._fpm) is Deferred
+    # the same pass with the snapshot computed at once, inside the pass
+    monkeypatch.setattr(vllm_core, "Deferred", lambda compute: compute())
+    _, eager_res = C.execute_pass(core, 0.0)
+    eager = eager_res._fpm
+    assert type(eager) is not Deferred
+    # 16 blocks of 4 tokens: "a" (2 blocks) and "b" (10) are admitted, "c" (8) no longer fits and
+    # stays queued: 2 scheduled prefills of 5 + 40 tokens, 1 queued prefill of 30
+    assert (res.fpm.num_prefill_requests, res.fpm.sum_prefill_tokens) == (2, 45)
+    assert (res.fpm.num_queued_prefill, res.fpm.sum_queued_prefill_tokens) == (1, 30)
+    assert res.fpm == eager and res == eager_res
+    assert attrs.evolve(eager_res, fpm=attrs.evolve(eager, num_prefill_requests=9)) != res
