@@ -211,3 +211,45 @@ def test_deferred_fpm_equals_the_eager_snapshot(monkeypatch):
     assert (res.fpm.num_queued_prefill, res.fpm.sum_queued_prefill_tokens) == (1, 30)
     assert res.fpm == eager and res == eager_res
     assert attrs.evolve(eager_res, fpm=attrs.evolve(eager, num_prefill_requests=9)) != res
+
+
+def test_sglang_unchanged_results_equal_the_full_transaction(monkeypatch):
+    """CORE-7 on the SGLang core: whenever a command or retry returns its input core, running the
+    same operation through the whole transaction and freezing it gives an equal core (so the
+    shortcut never hides a change). Checked on every state of the SGLang scenarios."""
+    import pathlib
+
+    from explorer import explore, load_scenario
+    from model import core as core_mod
+    from model import handoff_commands as hc
+    from model import sglang_core
+
+    real_cmd, real_retry = core_mod.apply_command_effects, core_mod.retry_pending_destinations
+    shortcuts = []
+
+    def cmd(core, command, allow=True):
+        new, eff = real_cmd(core, command, allow)
+        if new is core and isinstance(core, sglang_core.SglangCore):
+            txn = sglang_core._Txn(core)
+            hc.apply_command_effects(txn, command, allow)
+            assert txn.freeze() == core, command
+            shortcuts.append(command)
+        return new, eff
+
+    def retry(core, now_ms=None):
+        new, eff = real_retry(core, now_ms)
+        if new is core and isinstance(core, sglang_core.SglangCore):
+            txn = sglang_core._Txn(core)
+            hc.retry(txn, now_ms)
+            assert txn.freeze() == core
+            shortcuts.append("retry")
+        return new, eff
+
+    monkeypatch.setattr(core_mod, "apply_command_effects", cmd)
+    monkeypatch.setattr(core_mod, "retry_pending_destinations", retry)
+    lib = pathlib.Path(__file__).resolve().parent.parent / "spec" / "scenarios"
+    paths = sorted(lib.glob("sglang/*.json")) + sorted(lib.glob("known-defects/*sglang*.json"))
+    assert paths
+    for path in paths:
+        explore(load_scenario(path))
+    assert "retry" in shortcuts and any(s != "retry" for s in shortcuts)
