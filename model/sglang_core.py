@@ -17,6 +17,7 @@ engine arguments have no such field, so the burst size is always 1 (SG-20).
 
 from __future__ import annotations
 
+import functools
 from operator import attrgetter
 from typing import Any, ClassVar, List, Optional, Tuple
 
@@ -26,7 +27,7 @@ from . import handoff_commands as hc
 from . import sglang_kv as skv
 from . import timing
 from .admission import AdmissionInvariant, AdmissionStage
-from .core import MockerMetrics, PassResult, RetryEffects
+from .core import Deferred, MockerMetrics, PassResult, RetryEffects
 from .engine_args import EngineArgs, EngineType, SchedulePolicy, SglangConfig, WorkerType
 from .errors import DestinationPromptTooLarge, InternalInvariantBroken, RequestAlreadyActive
 from .fpm import accept_length_sample, build_fpm_snapshot
@@ -560,7 +561,9 @@ class _Txn:
         self.new_token_ratio = ratio if ratio >= cfg.min_new_token_ratio else cfg.min_new_token_ratio
 
         end_ms = decode.end_ms
-        fpm = self.compute_fpm(admit.fpm, scheduled_decode_lens, (end_ms - now_ms) / 1000.0)
+        # SG-23, computed when first read: nothing it reads changes after the pass (CORE-3)
+        fpm = Deferred(functools.partial(self.compute_fpm, admit.fpm, scheduled_decode_lens,
+                                         (end_ms - now_ms) / 1000.0))
         hit = sum(p for _, p, _ in admit.fpm)
         total = sum(p + c for _, p, c in admit.fpm)
         signals = tuple(decode.signals)

@@ -213,6 +213,28 @@ def test_deferred_fpm_equals_the_eager_snapshot(monkeypatch):
     assert attrs.evolve(eager_res, fpm=attrs.evolve(eager, num_prefill_requests=9)) != res
 
 
+def test_sglang_deferred_fpm_equals_the_eager_snapshot(monkeypatch):
+    """CORE-3 on the SGLang core: the deferred snapshot equals the one computed inside the pass,
+    pass after pass, with requests queued behind a small pool."""
+    from model import sglang_core
+    from model.core import Deferred
+
+    core = _core(engine_type="sglang", num_gpu_blocks=12)
+    for i, n in enumerate((5, 30, 20, 9)):
+        core, _ = C.apply_command_effects(core, Submit(DirectRequest(list(range(i * 100, i * 100 + n)), 3, f"r{i}")))
+    deferred, eager = [], []
+    lazy = core
+    for _ in range(6):
+        lazy, res = C.execute_pass(lazy, 0.0)
+        assert type(res._fpm) is Deferred
+        deferred.append(res)
+    monkeypatch.setattr(sglang_core, "Deferred", lambda compute: compute())
+    for _ in range(6):
+        core, res = C.execute_pass(core, 0.0)
+        eager.append(res)
+    assert [r.fpm for r in deferred] == [r._fpm for r in eager] and deferred == eager
+    assert any(r.fpm.num_queued_prefill for r in eager) and any(r.fpm.num_decode_requests for r in eager)
+
 def test_sglang_unchanged_results_equal_the_full_transaction(monkeypatch):
     """CORE-7 on the SGLang core: whenever a command or retry returns its input core, running the
     same operation through the whole transaction and freezing it gives an equal core (so the
