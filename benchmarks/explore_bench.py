@@ -20,7 +20,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from explorer import explore, load_scenario  # noqa: E402
+from explorer import ScenarioError, explore, load_scenario  # noqa: E402
 
 TARGET = 20_000.0
 
@@ -32,11 +32,15 @@ def main() -> int:
     args = ap.parse_args()
     paths = [pathlib.Path(p) for p in args.scenarios] or sorted(
         p for d in ("clean", "sglang") for p in (ROOT / "spec" / "scenarios" / d).glob("*.json"))
+    try:  # every scenario is read before any is timed: a bad file stops the run with one line
+        scenarios = [load_scenario(p) for p in paths]
+    except (ScenarioError, OSError) as exc:
+        print(f"explore_bench: {exc}", file=sys.stderr)
+        return 2
     print(f"{'scenario':40} {'states':>8} {'transitions':>11} {'time':>8} {'states/s':>9} {'B/state':>8} "
           f"{'of target':>9}")
     worst = 0
-    for path in paths:
-        sc = load_scenario(path)
+    for sc in scenarios:
         best = None
         bps = None
         for _ in range(max(args.repeat, 1)):
