@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -156,31 +158,82 @@ except Exception as exc:
 """
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child and anything it started (it leads its own session), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+class _StderrTail:
+    """Drains a child's stderr on a thread, keeping only the last ``limit`` bytes."""
+
+    def __init__(self, stream, limit: int = 64 * 1024) -> None:
+        self._stream = stream
+        self._limit = limit
+        self._buf = bytearray()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        for chunk in iter(lambda: self._stream.read1(1 << 16), b""):
+            self._buf += chunk
+            if len(self._buf) > 2 * self._limit:
+                del self._buf[: len(self._buf) - self._limit]
+
+    def finish(self) -> str:
+        """Wait for end of stream (the child has exited) and return the kept tail as text."""
+        self._thread.join()
+        self._stream.close()
+        return bytes(self._buf[-self._limit:]).decode("utf-8", "replace")
+
+
+def run_script(script: str, payload: Mapping[str, Any], timeout_s: float,
+               python: str = sys.executable) -> Tuple[bool, Optional[int], str]:
+    """Run ``python -c script`` with ``payload`` as JSON on its stdin, in its own session.
+
+    Returns ``(timed_out, exit status, last lines of its stderr)``.  The child's log goes through a
+    bounded tail (:class:`_StderrTail`): a hanging engine can log a warning per pass (hundreds of
+    megabytes a minute) and must not fill this process's memory; on a timeout its whole process
+    group is killed."""
+    proc = subprocess.Popen(
+        [python, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    tail = _StderrTail(proc.stderr)
+    try:
+        try:
+            proc.stdin.write(json.dumps(payload).encode())
+            proc.stdin.close()
+        except BrokenPipeError:  # the child died before reading its job; its status says why
+            pass
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return True, None, tail.finish()
+    return False, proc.returncode, tail.finish()
+
+
 def run_reference(job: Mapping[str, Any], timeout_s: float = 60.0, python: str = sys.executable) -> Outcome:
-    """Run the compiled reference on ``job`` in a subprocess; a run over ``timeout_s`` is a hang."""
+    """Run the compiled reference on ``job`` in a subprocess (:func:`run_script`); a run over
+    ``timeout_s`` is a hang."""
     with tempfile.TemporaryDirectory(prefix="mocker-spec-ref-") as tmp:
         payload = dict(job)
         payload["out_path"] = os.path.join(tmp, "out.json")
         payload["report_path"] = os.path.join(tmp, "report.jsonl")
-        proc = subprocess.Popen(
-            [python, "-c", _REFERENCE_SCRIPT],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            text=True,
-        )
-        try:
-            _, err = proc.communicate(json.dumps(payload), timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        timed_out, code, err = run_script(_REFERENCE_SCRIPT, payload, timeout_s, python)
+        if timed_out:
             return Outcome("timeout", f"the reference did not finish within {timeout_s:g} s (it hangs)")
         try:
             data = json.loads(Path(payload["out_path"]).read_text())
         except (OSError, ValueError):
-            tail = (err or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-            return Outcome("error", f"the reference crashed: {tail[0]}")
+            last = err.strip().splitlines()[-1:] or [f"exit status {code}"]
+            return Outcome("error", f"the reference crashed: {last[0]}")
     summary = data.get("summary")
     if summary is not None:
         summary = {k: v for k, v in summary.items() if k != "wall_time_ms"}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -131,19 +130,16 @@ def run_161(job: Mapping[str, Any], python: str, timeout_s: float) -> Tuple[Side
         payload["out_path"] = os.path.join(tmp, "out.json")
         payload["report_path"] = os.path.join(tmp, "report.jsonl")
         t0 = time.perf_counter()
-        proc = subprocess.Popen([python, "-c", _RUNNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, text=True)
-        try:
-            _, err = proc.communicate(json.dumps(payload), timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+        from .reference import run_script
+
+        timed_out, code, err = run_script(_RUNNER, payload, timeout_s, python)
+        if timed_out:
             return Side("hang", f"no result within {timeout_s:g} s", seconds=timeout_s), None
         dt = time.perf_counter() - t0
         try:
             data = json.loads(Path(payload["out_path"]).read_text())
         except (OSError, ValueError):
-            tail = (err or "").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+            tail = err.strip().splitlines()[-1:] or [f"exit status {code}"]
             return Side("error", f"crashed: {tail[0]}", seconds=dt), None
     if data["status"] == "missing":
         return Side("missing", data["message"]), None

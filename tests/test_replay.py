@@ -591,6 +591,24 @@ def test_cli_diff_reports_reference_hang_and_missing_wheel(monkeypatch, capsys):
     assert ref.compare(ref.Outcome("ok", "", {}, []), out).where == "status"
 
 
+def test_a_reference_that_logs_while_it_hangs_is_drained_through_a_bounded_tail(monkeypatch):
+    # gen-11-0036 (a hanging SGLang disagg case) made the wheel log ~60 MB/s of retract warnings;
+    # buffering that whole stream filled the recorder's memory.  The child here writes 8 MiB of
+    # log, then a crash line, then hangs: the run is a timeout and at most the 64 KiB tail is kept.
+    import mocker_spec.reference as ref
+
+    spew = ("import sys, time\nfor _ in range(128):\n    sys.stderr.write('w' * 65535 + '\\n')\n"
+            "sys.stderr.write('panicked at the end\\n'); sys.stderr.flush()\n")
+    timed_out, code, tail = ref.run_script(spew + "time.sleep(30)\n", {}, timeout_s=3)
+    assert timed_out and code is None
+    assert len(tail) <= 64 * 1024 and tail.endswith("panicked at the end\n")
+    timed_out, code, tail = ref.run_script(spew + "sys.exit(3)\n", {}, timeout_s=30)
+    assert not timed_out and code == 3 and tail.strip().splitlines()[-1] == "panicked at the end"
+    monkeypatch.setattr(ref, "_REFERENCE_SCRIPT", spew + "sys.exit(3)\n")
+    out = ref.run_reference({"mode": "agg", "synthetic": {}}, timeout_s=30)
+    assert out.status == "error" and out.message == "the reference crashed: panicked at the end"
+
+
 def test_compare_reports_first_divergent_field():
     from mocker_spec.reference import Outcome, compare
 
