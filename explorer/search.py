@@ -156,21 +156,44 @@ def _rss_bytes() -> Optional[int]:
         return None
 
 
-def _view(scenario: Scenario, core, fired: int, once_index: Dict[str, int]) -> tuple:
-    """MC-40: the per-node view kept for labels, quotients and ITF (phases per handoff, queues)."""
-    phases = []
-    for r in scenario.requests:
-        if r.role == "plain":
-            issued = bool(fired >> once_index[f"submit({r.id})"] & 1)
-            phases.append((r.id, P.request_phase(core, r.id, issued)))
-        elif r.role == "source":
-            issued = bool(fired >> once_index[f"submit_prefill({r.handoff},{r.id})"] & 1)
-            phases.append((r.handoff, P.source_phase(core, r.handoff, r.id, issued)))
-        else:
-            issued = bool(fired >> once_index[f"reserve({r.handoff},{r.id})"] & 1)
-            phases.append((r.handoff, P.destination_phase(core, r.handoff, r.id, issued)))
-    waiting, running = P.queue_view(core)
-    return (tuple(phases), waiting, running, P.free_units(core))
+class _Viewer:
+    """MC-40: the per-node view kept for labels, quotients and ITF (phases per handoff, queues).
+
+    A view is a function of the core and of which issuing actions already fired; the core's part
+    (every phase as if issued, the queues, the free units) is computed once per core id (MC-23)
+    and each node substitutes the unissued phase of the requests its driver has not issued yet."""
+
+    def __init__(self, scenario: Scenario, once_index: Dict[str, int]) -> None:
+        self.items = []  # (name, phase function, request id, handoff, issuing action's bit)
+        for r in scenario.requests:
+            if r.role == "plain":
+                self.items.append((r.id, lambda c, r=r, i=True: P.request_phase(c, r.id, i),
+                                   1 << once_index[f"submit({r.id})"]))
+            elif r.role == "source":
+                self.items.append((r.handoff, lambda c, r=r, i=True: P.source_phase(c, r.handoff, r.id, i),
+                                   1 << once_index[f"submit_prefill({r.handoff},{r.id})"]))
+            else:
+                self.items.append((r.handoff, lambda c, r=r, i=True: P.destination_phase(c, r.handoff, r.id, i),
+                                   1 << once_index[f"reserve({r.handoff},{r.id})"]))
+        self.unissued = None  # per item: its phase before it is issued (a constant per role)
+        self.memo: Dict[int, tuple] = {}
+
+    def core_part(self, core) -> tuple:
+        if self.unissued is None:
+            self.unissued = tuple(f(core, i=False) for _n, f, _b in self.items)
+        waiting, running = P.queue_view(core)
+        return tuple(f(core) for _n, f, _b in self.items), waiting, running, P.free_units(core)
+
+    def view(self, core, fired: int, cid: Optional[int] = None) -> tuple:
+        part = None if cid is None else self.memo.get(cid)
+        if part is None:
+            part = self.core_part(core)
+            if cid is not None:
+                self.memo[cid] = part
+        issued_phases, waiting, running, free = part
+        phases = tuple((name, phase if fired & bit else unissued)
+                       for (name, _f, bit), phase, unissued in zip(self.items, issued_phases, self.unissued))
+        return (phases, waiting, running, free)
 
 
 def explore(
@@ -259,11 +282,22 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
     outcomes: Dict[int, tuple] = {}  # core id * len(actions) + action -> (successor, outcome, its core id)
     n_actions = len(actions)
 
+    # MC-1: the key is a function of the core's value, so a core equal to one already numbered
+    # takes its number without computing a key (vLLM cores only: every field left out of their
+    # equality is a write-only counter the key drops too, MC-2)
+    by_value: Optional[Dict[object, int]] = {} if is_vllm(core0) else None
+
     def core_id(c) -> int:
+        if by_value is not None:
+            cid = by_value.get(c)
+            if cid is not None:
+                return cid
         k = canonical_key(c)
         cid = core_ids.get(k)
         if cid is None:
             cid = core_ids[k] = len(core_ids)
+        if by_value is not None:
+            by_value[c] = cid
         return cid
 
     if split:
@@ -277,7 +311,8 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
     depth = [0]
     fired_of = [0]
     drained = [C.is_drained(core0)]
-    views = [_view(scenario, core0, 0, once_index)]
+    viewer = _Viewer(scenario, once_index)
+    views = [viewer.view(core0, 0, node_core[0] if split else None)]
     edges: List[Edge] = []
     violations: List[Violation] = []
     seen_kinds: Dict[Tuple[str, str], Violation] = {}
@@ -295,22 +330,33 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
         seen_kinds[k] = v
         violations.append(v)
 
-    def check_state(node, core):
+    # MC-10..MC-12 are functions of the core key (MC-1), so with MC-23 each core id is checked once
+    # and its findings are reported again for every node that shares it
+    found_by_core: Dict[int, List[Tuple[str, str, str]]] = {}
+
+    def check_state(node, core, cid=None):
         if not safety:
             return
-        if "invariants" in checks:
-            for name, msg in P.registered_invariants(core):
-                report("invariant", name, msg, node)
-        if "fifo_order" in checks:
-            msg = P.fifo_acceptance_order(core)
-            if msg:
-                report("fifo_order", "fifo_acceptance_order", msg, node)
-        if "drained_pool_free" in checks:
-            msg = P.drained_pool_free(core)
-            if msg:
-                report("drained_pool_free", "drained_pool_free", msg, node)
+        found = None if cid is None else found_by_core.get(cid)
+        if found is None:
+            found = []
+            if "invariants" in checks:
+                for name, msg in P.registered_invariants(core):
+                    found.append(("invariant", name, msg))
+            if "fifo_order" in checks:
+                msg = P.fifo_acceptance_order(core)
+                if msg:
+                    found.append(("fifo_order", "fifo_acceptance_order", msg))
+            if "drained_pool_free" in checks:
+                msg = P.drained_pool_free(core)
+                if msg:
+                    found.append(("drained_pool_free", "drained_pool_free", msg))
+            if cid is not None:
+                found_by_core[cid] = found
+        for kind, name, msg in found:
+            report(kind, name, msg, node)
 
-    check_state(0, core0)
+    check_state(0, core0, node_core[0] if split else None)
     bar = None
     if progress:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -387,12 +433,12 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
                     if split:
                         node_core.append(ncid)
                     drained.append(C.is_drained(new))
-                    views.append(_view(scenario, new, fired2, once_index))
+                    views.append(viewer.view(new, fired2, ncid if split else None))
                     expanded.append(False)
                     cov.new_states += 1
                     frontier.append((dst, new))
                     edges.append(Edge(nid, dst, i, out))
-                    check_state(dst, new)
+                    check_state(dst, new, ncid if split else None)
                 else:
                     edges.append(Edge(nid, dst, i, out))
                 if safety and "transitions" in checks and spec.kind == "pass":

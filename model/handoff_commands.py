@@ -175,6 +175,41 @@ def apply_command_effects(
     raise CommandRejected(f"unknown command {command!r}", rule="CMD-1")
 
 
+def names_nothing_held(ledger: HandoffLedger, command: Command) -> bool:
+    """CORE-7: a release, cancel or activate whose handoff id the ledger holds in none of the
+    places that command looks (CMD-4/CMD-5: source holds; CMD-7: destination holds; CMD-8: pending,
+    reserved, active) is a ``Noop`` that touches nothing: every removal returns its input and the
+    command returns before any engine hook or retry.  The cores answer such a command with their
+    input core without opening a transaction."""
+    t = type(command)
+    if t is CancelDestination:
+        h = command.handoff_id
+        return (h not in ledger.pending_destinations.by_handoff and h not in ledger.destination_holds.by_handoff
+                and h not in ledger.active_destinations.by_handoff)
+    if t is ReleaseSource or t is CancelSource:
+        src = ledger.source_holds
+        return command.handoff_id not in src.held_by_handoff and command.handoff_id not in src.pending_by_handoff
+    if t is ActivateDestination:
+        return command.handoff_id not in ledger.destination_holds.by_handoff
+    return False
+
+
+def retry_is_idle(ledger: HandoffLedger) -> bool:
+    """CORE-7: a retry (RETRY-1..RETRY-4) on this ledger changes nothing: the pending FIFO is
+    empty, or its front is a live entry already tried at the current generation (no tombstone to
+    pop, no head due, and marking a marked head again gives an equal entry)."""
+    pend = ledger.pending_destinations
+    fifo = pend.fifo
+    if not fifo:
+        return True
+    entry = pend.by_handoff.get(fifo.left)
+    return entry is not None and entry.last_attempt_generation == ledger.capacity_generation
+
+
+#: the effects of a command that names nothing held (``names_nothing_held``)
+NOOP_EFFECTS = CommandEffects(NOOP)
+
+
 def _after_capacity_change(txn: CoreTxn, now_ms: Optional[float]) -> CommandEffects:
     """CMD-9: an ``Applied`` release/cancel/activate always runs the retry, whatever ``allow`` says (S3)."""
     return CommandEffects(APPLIED, retry(txn, now_ms))

@@ -754,10 +754,16 @@ def _usize(x: float) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+#: the effects of a retry that changes nothing (``handoff_commands.retry_is_idle``)
+_IDLE_RETRY = RetryEffects((), ())
+
+
 class _Ops:
     @staticmethod
     def apply_command_effects(core: SglangCore, command: Command, allow: bool = True, now_ms: Optional[float] = None):
         """CMD-1..CMD-9 on the SGLang core."""
+        if hc.names_nothing_held(core.ledger, command):
+            return core, hc.NOOP_EFFECTS  # CORE-7
         txn = _Txn(core)
         effects = hc.apply_command_effects(txn, command, allow, now_ms)
         if effects.result == NOOP and txn.ledger is core.ledger and not txn.kv_events:
@@ -774,6 +780,8 @@ class _Ops:
 
     @staticmethod
     def retry_pending_destinations(core: SglangCore, now_ms: Optional[float] = None):
+        if hc.retry_is_idle(core.ledger):
+            return core, _IDLE_RETRY  # CORE-7
         txn = _Txn(core)
         events = hc.retry(txn, now_ms)
         if not events and txn.ledger is core.ledger and not txn.kv_events:

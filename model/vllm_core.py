@@ -961,10 +961,16 @@ class _PassScratch:
 # ---------------------------------------------------------------------------------------------
 
 
+#: the effects of a retry that changes nothing (``handoff_commands.retry_is_idle``)
+_IDLE_RETRY = RetryEffects((), ())
+
+
 class _Ops:
     @staticmethod
     def apply_command_effects(core: VllmCore, command: Command, allow: bool = True, now_ms: Optional[float] = None):
         """CMD-1..CMD-9 on the vLLM core."""
+        if hc.names_nothing_held(core.ledger, command):
+            return core, hc.NOOP_EFFECTS  # CORE-7
         txn = _Txn(core)
         effects = hc.apply_command_effects(txn, command, allow, now_ms)
         return txn.freeze(), CommandEffects(effects.result, effects.lifecycle_events, tuple(txn.kv_events))
@@ -977,6 +983,8 @@ class _Ops:
 
     @staticmethod
     def retry_pending_destinations(core: VllmCore, now_ms: Optional[float] = None):
+        if hc.retry_is_idle(core.ledger):
+            return core, _IDLE_RETRY  # CORE-7
         txn = _Txn(core)
         events = hc.retry(txn, now_ms)
         return txn.freeze(), RetryEffects(events, tuple(txn.kv_events))
