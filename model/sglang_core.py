@@ -33,7 +33,7 @@ from .errors import DestinationPromptTooLarge, InternalInvariantBroken, RequestA
 from .fpm import accept_length_sample, build_fpm_snapshot
 from .ids import HandoffId, RequestId
 from .ledger import HandoffLedger
-from .protocol import NOOP, AdmissionEvent, Command, CommandEffects, DirectRequest, OutputSignal, SourceHeld
+from .protocol import AdmissionEvent, Command, CommandEffects, DirectRequest, OutputSignal, SourceHeld
 from .radix_cache import CacheTxn, new_radix_cache
 from .sglang_request import SglangRequest, ceil_to_block, floor_to_block, new_request
 from .source_holds import Held, Release
@@ -766,10 +766,6 @@ class _Ops:
             return core, hc.NOOP_EFFECTS  # CORE-7
         txn = _Txn(core)
         effects = hc.apply_command_effects(txn, command, allow, now_ms)
-        if effects.result == NOOP and txn.ledger is core.ledger and not txn.kv_events:
-            # CORE-7: a no-op command returns before touching anything but the ledger, and the
-            # ledger helpers returned their input, so nothing changed
-            return core, CommandEffects(NOOP, effects.lifecycle_events, ())
         return txn.freeze(), CommandEffects(effects.result, effects.lifecycle_events, tuple(txn.kv_events))
 
     @staticmethod
@@ -784,10 +780,6 @@ class _Ops:
             return core, _IDLE_RETRY  # CORE-7
         txn = _Txn(core)
         events = hc.retry(txn, now_ms)
-        if not events and txn.ledger is core.ledger and not txn.kv_events:
-            # CORE-7: no head was due (a probe always marks or pops the head, RETRY-3), so nothing
-            # was probed and nothing changed
-            return core, RetryEffects((), ())
         return txn.freeze(), RetryEffects(events, tuple(txn.kv_events))
 
     is_empty = staticmethod(SglangCore.is_empty)
