@@ -570,11 +570,20 @@ def canonical_key(core, symmetry: Optional[Symmetry] = None) -> Hashable:
     return best
 
 
-def node_key(core, fired: int, symmetry: Optional[Symmetry] = None) -> Hashable:
+def fresh_key(core) -> Hashable:
+    """MC-13: ``canonical_key(core)`` computed from scratch, without the memo of sub-keys kept by
+    object identity (a core changed in place would otherwise get its old sub-keys back)."""
+    if not is_vllm(core):
+        return _generic_key(core)
+    return _VllmKeyer().key(core)
+
+
+def node_key(core, fired: int, symmetry: Optional[Symmetry] = None, fresh: bool = False) -> Hashable:
     """MC-1: the key of an explored node: the core's key and the driver's set of fired once-actions
-    (a bit mask over the alphabet).  Under symmetry both are permuted together."""
+    (a bit mask over the alphabet).  Under symmetry both are permuted together.  ``fresh`` keys
+    the core from scratch (MC-13; the symmetry keyers keep no memo anyway)."""
     if symmetry is None or not is_vllm(core):
-        return (canonical_key(core), fired)
+        return (fresh_key(core) if fresh else canonical_key(core), fired)
     best = None
     best_h = None
     for names, key_names, amap in symmetry.perms:

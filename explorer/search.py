@@ -25,7 +25,7 @@ from model import core as C
 
 from . import properties as P
 from .actions import Outcome, fire, guard_holds
-from .canon import Symmetry, canonical_key, is_vllm, node_key, symmetry_for
+from .canon import Symmetry, canonical_key, fresh_key, is_vllm, node_key, symmetry_for
 from .scenario import Scenario
 
 
@@ -278,6 +278,7 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
     # node that shares it (nodes that differ only in which once-actions already fired)
     split = reuse and (sym is None or not is_vllm(core0))
     core_ids: Dict[object, int] = {}
+    key_of_core: List[object] = []  # core id -> its key (MC-13 compares a re-keyed core with it)
     node_core: List[int] = []
     outcomes: Dict[int, tuple] = {}  # core id * len(actions) + action -> (successor, outcome, its core id)
     n_actions = len(actions)
@@ -296,6 +297,7 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
         cid = core_ids.get(k)
         if cid is None:
             cid = core_ids[k] = len(core_ids)
+            key_of_core.append(k)
         if by_value is not None:
             by_value[c] = cid
         return cid
@@ -404,10 +406,11 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
                     continue
                 if out.rejected is not None:
                     cov.rejected += 1
-                    # MC-13: a rejected command leaves the core's key unchanged
+                    # MC-13: the core a command was rejected on, keyed again from scratch (no memo,
+                    # so a change made in place shows), still has the key it was found with
                     if safety and "transitions" in checks and (
-                            (split and core_id(core) != node_core[nid])
-                            or (not split and node_key(core, fired, sym) != keys[nid])):
+                            (split and fresh_key(core) != key_of_core[node_core[nid]])
+                            or (not split and node_key(core, fired, sym, fresh=True) != keys[nid])):
                         report("rejected_changed_state", spec.kind,
                                f"{spec.name} was rejected ({out.rejected}) but the core changed", nid, eidx)
                 else:

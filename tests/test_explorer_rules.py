@@ -142,6 +142,35 @@ def test_mc13_mc14_transition_checks_hold_on_the_library():
     assert all(e.outcome.end_ms >= e.outcome.now_ms for e in exp.edges)
 
 
+@pytest.mark.parametrize("symmetry", [False, True])
+def test_mc13_catches_a_rejection_that_changed_the_core_in_place(monkeypatch, symmetry):
+    """MC-13: a command that changes its input core in place and then raises is reported, although
+    the runner hands the (changed) input core back and every memo of keys by identity or by value
+    still holds the old key: the rejected core is keyed again from scratch."""
+    from model.errors import ModelError
+
+    real = C.apply_command_effects
+
+    def changes_then_raises(core, command, allow=True):
+        try:
+            return real(core, command, allow)
+        except ModelError:
+            req = next(iter(core.requests.values()), None)
+            if req is not None:  # a broken transaction: it wrote into the shared request, then raised
+                object.__setattr__(req, "num_computed_tokens", req.num_computed_tokens + 1)
+            raise
+
+    raw = _raw(S7)
+    raw["adversarial"] = {"reuse_ids": True}
+    sc = scenario_from_dict(raw)
+    clean = explore(sc, symmetry=symmetry)
+    assert clean.violation("rejected_changed_state") is None and sum(c.rejected for c in clean.coverage) > 0
+    monkeypatch.setattr(C, "apply_command_effects", changes_then_raises)
+    exp = explore(sc, symmetry=symmetry, stop_on="rejected_changed_state")
+    v = exp.violation("rejected_changed_state")
+    assert v is not None and "was rejected (" in v.message and "but the core changed" in v.message
+
+
 def test_mc16_internal_errors_are_violations(monkeypatch):
     """MC-16: an InternalInvariantBroken raised by an action is a violation with no successor."""
     from model.errors import InternalInvariantBroken
