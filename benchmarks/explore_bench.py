@@ -9,6 +9,11 @@ process's RSS growth over the first run, so later scenarios may reuse freed memo
 rate as a fraction of the 20,000 states/s target (issue [5/7 explorer]). There is no compiled
 explorer to compare with, so the target is the yardstick. The first run of each scenario also
 checks the exploration is complete and clean, so a fast wrong result cannot pass unnoticed.
+
+``--breakdown`` adds one more run per scenario with timers around the explorer's parts (the model's
+passes, commands and retries; canonical keys; state checks; views; liveness) and prints each
+part's share of that run and its cost per call. The timers add their own overhead, so the shares
+are indicative; the rest is the search loop itself.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("scenarios", nargs="*", help="scenario files (default: the clean library)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per scenario; the fastest counts (default 3)")
+    ap.add_argument("--breakdown", action="store_true", help="also time the explorer's parts (one extra run)")
     args = ap.parse_args()
     paths = [pathlib.Path(p) for p in args.scenarios] or sorted(
         p for d in ("clean", "sglang") for p in (ROOT / "spec" / "scenarios" / d).glob("*.json"))
@@ -59,7 +65,63 @@ def main() -> int:
             mem = f"{bps:,.0f}" if bps else "-"
             print(f"{sc.name:40} {best.num_states:>8,} {best.num_transitions:>11,} {best.elapsed_s:>7.2f}s "
                   f"{rate:>9,.0f} {mem:>8} {rate / TARGET:>8.1%}")
+            if args.breakdown:
+                breakdown(sc)
     return worst
+
+
+#: (label, module attribute path) of every timed part; ``fire`` is split by action kind
+PARTS = (
+    ("canonical keys", "search.canonical_key"),
+    ("state checks", "search.P.registered_invariants"),
+    ("state checks", "search.P.fifo_acceptance_order"),
+    ("state checks", "search.P.drained_pool_free"),
+    ("views", "search._Viewer.core_part"),
+    ("guards", "search.guard_holds"),
+    ("liveness", "search._liveness"),
+)
+
+
+def breakdown(sc) -> None:
+    """One more exploration of ``sc`` with timers around its parts; prints shares and costs."""
+    import time
+    from explorer import search
+
+    spent: dict = {}
+    calls: dict = {}
+    saved = []
+
+    def timed(label, fn, key=None):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                name = label if key is None else key(*a)
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+                calls[name] = calls.get(name, 0) + 1
+        return wrapper
+
+    for label, path in PARTS:
+        *owner_path, attr = path.split(".")[1:]
+        owner = search
+        for name in owner_path:
+            owner = getattr(owner, name)
+        saved.append((owner, attr, getattr(owner, attr)))
+    saved.append((search, "fire", search.fire))
+    try:
+        for (owner, attr, fn), (label, _p) in zip(saved, PARTS):
+            setattr(owner, attr, timed(label, fn))
+        search.fire = timed("model", saved[-1][2], key=lambda core, spec, now: f"model: {spec.kind}")
+        exp = search.explore(sc)
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
+    total = exp.elapsed_s
+    for name in sorted(spent, key=spent.get, reverse=True):
+        print(f"    {name:36} {spent[name] / total:>6.1%}  {calls[name]:>7,} calls  "
+              f"{spent[name] / calls[name] * 1e6:>7.1f} us/call")
+    print(f"    {'search loop and the rest':36} {max(total - sum(spent.values()), 0.0) / total:>6.1%}")
 
 
 if __name__ == "__main__":
