@@ -164,7 +164,7 @@ class _Viewer:
     and each node substitutes the unissued phase of the requests its driver has not issued yet."""
 
     def __init__(self, scenario: Scenario, once_index: Dict[str, int]) -> None:
-        self.items = []  # (name, phase function, request id, handoff, issuing action's bit)
+        self.items = []  # (view name, phase function of a core, the issuing action's bit in `fired`)
         for r in scenario.requests:
             if r.role == "plain":
                 self.items.append((r.id, lambda c, r=r, i=True: P.request_phase(c, r.id, i),

@@ -183,9 +183,13 @@ class _StderrTail:
             if len(self._buf) > 2 * self._limit:
                 del self._buf[: len(self._buf) - self._limit]
 
-    def finish(self) -> str:
-        """Wait for end of stream (the child has exited) and return the kept tail as text."""
-        self._thread.join()
+    def finish(self, proc: subprocess.Popen) -> str:
+        """Wait for end of stream and return the kept tail as text.  The child has exited; anything
+        it started that still holds the stream open is killed with its process group."""
+        self._thread.join(timeout=5.0)
+        if self._thread.is_alive():
+            _kill_group(proc)
+            self._thread.join()
         self._stream.close()
         return bytes(self._buf[-self._limit:]).decode("utf-8", "replace")
 
@@ -215,8 +219,8 @@ def run_script(script: str, payload: Mapping[str, Any], timeout_s: float,
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
-        return True, None, tail.finish()
-    return False, proc.returncode, tail.finish()
+        return True, None, tail.finish(proc)
+    return False, proc.returncode, tail.finish(proc)
 
 
 def run_reference(job: Mapping[str, Any], timeout_s: float = 60.0, python: str = sys.executable) -> Outcome:

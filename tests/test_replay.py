@@ -609,6 +609,22 @@ def test_a_reference_that_logs_while_it_hangs_is_drained_through_a_bounded_tail(
     assert out.status == "error" and out.message == "the reference crashed: panicked at the end"
 
 
+def test_a_reference_that_leaves_a_process_holding_its_log_open_does_not_hang_the_runner():
+    # the child exits at once but leaves a grandchild (in its process group) holding stderr open;
+    # the runner stops waiting for the end of the log 5 s later and kills the group
+    import time
+
+    import mocker_spec.reference as ref
+
+    script = ("import subprocess, sys\n"
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+              "sys.stderr.write('parent done\\n')\n")
+    t0 = time.monotonic()
+    timed_out, code, tail = ref.run_script(script, {}, timeout_s=30)
+    assert not timed_out and code == 0 and tail.strip() == "parent done"
+    assert time.monotonic() - t0 < 20
+
+
 def test_compare_reports_first_divergent_field():
     from mocker_spec.reference import Outcome, compare
 
