@@ -283,23 +283,12 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
     outcomes: Dict[int, tuple] = {}  # core id * len(actions) + action -> (successor, outcome, its core id)
     n_actions = len(actions)
 
-    # MC-1: the key is a function of the core's value, so a core equal to one already numbered
-    # takes its number without computing a key (vLLM cores only: every field left out of their
-    # equality is a write-only counter the key drops too, MC-2)
-    by_value: Optional[Dict[object, int]] = {} if is_vllm(core0) else None
-
     def core_id(c) -> int:
-        if by_value is not None:
-            cid = by_value.get(c)
-            if cid is not None:
-                return cid
         k = canonical_key(c)
         cid = core_ids.get(k)
         if cid is None:
             cid = core_ids[k] = len(core_ids)
             key_of_core.append(k)
-        if by_value is not None:
-            by_value[c] = cid
         return cid
 
     if split:

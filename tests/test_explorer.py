@@ -118,10 +118,9 @@ def test_symmetry_reduces_and_agrees():
                                   "known-defects/s1-fifo-tombstone-revival", "known-defects/s10-sglang-slot-leak",
                                   "sglang/sglang-decode-three-handoffs"])
 def test_outcome_reuse_gives_the_same_graph(name, monkeypatch):
-    """MC-23: taking a core's outcomes, checks and view from an earlier node with the same core, and
-    (vLLM) a core's number from an equal core, gives exactly the graph (nodes, numbered edges,
-    outcomes, views, violations and their occurrence counts) of firing every action and checking
-    every node, with fewer firings."""
+    """MC-23: taking a core's outcomes, checks and view from an earlier node with the same core gives
+    exactly the graph (nodes, numbered edges, outcomes, views, violations and their occurrence
+    counts) of firing every action and checking every node, with fewer firings."""
     from explorer import search
 
     sc = load_scenario(LIB / f"{name}.json")

@@ -145,8 +145,8 @@ def test_mc13_mc14_transition_checks_hold_on_the_library():
 @pytest.mark.parametrize("symmetry", [False, True])
 def test_mc13_catches_a_rejection_that_changed_the_core_in_place(monkeypatch, symmetry):
     """MC-13: a command that changes its input core in place and then raises is reported, although
-    the runner hands the (changed) input core back and every memo of keys by identity or by value
-    still holds the old key: the rejected core is keyed again from scratch."""
+    the runner hands the (changed) input core back and the memo of sub-keys by identity still holds
+    the old ones: the rejected core is keyed again from scratch."""
     from model.errors import ModelError
 
     real = C.apply_command_effects
