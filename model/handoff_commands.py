@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Protocol, Tuple
 
 import attrs
 
+from .core import RetryEffects
 from .errors import CommandRejected, RequestAlreadyActive
 from .ids import HandoffId, RequestId
 from .ledger import HandoffLedger
@@ -208,6 +209,8 @@ def retry_is_idle(ledger: HandoffLedger) -> bool:
 
 #: the effects of a command that names nothing held (``names_nothing_held``)
 NOOP_EFFECTS = CommandEffects(NOOP)
+#: the effects of a retry that changes nothing (``retry_is_idle``)
+IDLE_RETRY = RetryEffects((), ())
 
 
 def _after_capacity_change(txn: CoreTxn, now_ms: Optional[float]) -> CommandEffects:

@@ -754,10 +754,6 @@ def _usize(x: float) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-#: the effects of a retry that changes nothing (``handoff_commands.retry_is_idle``)
-_IDLE_RETRY = RetryEffects((), ())
-
-
 class _Ops:
     @staticmethod
     def apply_command_effects(core: SglangCore, command: Command, allow: bool = True, now_ms: Optional[float] = None):
@@ -777,7 +773,7 @@ class _Ops:
     @staticmethod
     def retry_pending_destinations(core: SglangCore, now_ms: Optional[float] = None):
         if hc.retry_is_idle(core.ledger):
-            return core, _IDLE_RETRY  # CORE-7
+            return core, hc.IDLE_RETRY  # CORE-7
         txn = _Txn(core)
         events = hc.retry(txn, now_ms)
         return txn.freeze(), RetryEffects(events, tuple(txn.kv_events))
