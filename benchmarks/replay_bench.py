@@ -28,17 +28,25 @@ import sys
 import tempfile
 import time
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from mocker_spec.reference import run_script  # noqa: E402
+
 ENGINE_ARGS = {"engine_type": "vllm", "num_gpu_blocks": 2048, "block_size": 16}
 TRACE_BLOCK_SIZE = 512
 
+# run through mocker_spec.reference.run_script: the job arrives as JSON on stdin and the time is
+# written to a file, because the child's output only reaches us through a bounded tail
 REFERENCE = r"""
 import sys, time, json
 import dynamo._core as c
-trace, report, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+job = json.loads(sys.stdin.read())
 t = time.perf_counter()
-c.run_mocker_trace_replay([trace], extra_engine_args=c.MockEngineArgs(**args),
-                          trace_block_size=%d, report_jsonl_path=report)
-print(time.perf_counter() - t)
+c.run_mocker_trace_replay([job["trace"]], extra_engine_args=c.MockEngineArgs(**job["engine_args"]),
+                          trace_block_size=%d, report_jsonl_path=job["report"])
+with open(job["time_path"], "w") as fh:
+    fh.write(repr(time.perf_counter() - t))
 """ % TRACE_BLOCK_SIZE
 
 # the oracle's CLI in this process: the time of its replay command after the imports
@@ -74,14 +82,15 @@ def rows(path: str):
 
 def run_reference(trace: str, report: str, engine_args: dict, timeout: float):
     """The reference's replay-call time in seconds, or None (and why) when it cannot run."""
-    try:
-        proc = subprocess.run([sys.executable, "-c", REFERENCE, trace, report, json.dumps(engine_args)],
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    time_path = report + ".time"
+    job = {"trace": trace, "report": report, "engine_args": engine_args, "time_path": time_path}
+    timed_out, code, err = run_script(REFERENCE, job, timeout)
+    if timed_out:
         return None, f"reference did not finish within {timeout:.0f} s"
-    if proc.returncode != 0:
-        return None, f"reference unavailable: {proc.stderr.strip().splitlines()[-1:]}"
-    return float(proc.stdout.strip().splitlines()[-1]), None
+    if code != 0:
+        return None, f"reference unavailable: {err.strip().splitlines()[-1:]}"
+    with open(time_path) as fh:
+        return float(fh.read()), None
 
 
 def run_oracle(trace: str, report: str, engine_args: dict, timeout: float):

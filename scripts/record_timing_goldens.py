@@ -16,9 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from mocker_spec.reference import run_script  # noqa: E402
 
 GAP_MS = 100_000.0
 TRACE_BLOCK_SIZE = 16
@@ -159,7 +162,7 @@ KEEP = (
 _CHILD = r"""
 import json, sys
 import dynamo._core as c
-spec = json.loads(sys.argv[1])
+spec = json.loads(sys.stdin.read())
 mk = lambda a: c.MockEngineArgs.from_json(json.dumps(a))
 kw = dict(trace_block_size=spec["trace_block_size"], report_jsonl_path=spec["report"], router_mode="round_robin")
 if spec["mode"] == "agg":
@@ -196,11 +199,12 @@ def run_scenario(name, mode, settings, requests, timeout):
             "report": report,
             "trace_block_size": TRACE_BLOCK_SIZE,
         }
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(spec)], capture_output=True, text=True, timeout=timeout
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"{name}: reference failed: {proc.stderr[-2000:]}")
+        # bounded log tail and process-group kill at the timeout (the reference can hang while logging)
+        timed_out, code, err = run_script(_CHILD, spec, timeout)
+        if timed_out:
+            raise RuntimeError(f"{name}: the reference did not finish within {timeout:g} s")
+        if code != 0:
+            raise RuntimeError(f"{name}: reference failed: {err[-2000:]}")
         with open(report) as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
     rows.sort(key=lambda r: r["arrival_time_ms"])
