@@ -14,6 +14,11 @@ checks the exploration is complete and clean, so a fast wrong result cannot pass
 passes, commands and retries; canonical keys; state checks; views; liveness) and prints each
 part's share of that run and its cost per call. The timers add their own overhead, so the shares
 are indicative; the rest is the search loop itself.
+
+``--model-cap`` adds one more run per scenario that records every transition the explorer fires
+(each distinct core and action once, MC-23), then times those model calls again on their own (best
+of three, garbage collector off) and prints the rate the explorer would reach if everything but the
+model's transitions cost nothing: a ceiling no explorer tuning can pass.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ def main() -> int:
     ap.add_argument("scenarios", nargs="*", help="scenario files (default: the clean library)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per scenario; the fastest counts (default 3)")
     ap.add_argument("--breakdown", action="store_true", help="also time the explorer's parts (one extra run)")
+    ap.add_argument("--model-cap", action="store_true",
+                    help="also print the rate if only the model's transitions cost time (one extra run)")
     args = ap.parse_args()
     paths = [pathlib.Path(p) for p in args.scenarios] or sorted(
         p for d in ("clean", "sglang") for p in (ROOT / "spec" / "scenarios" / d).glob("*.json"))
@@ -67,6 +74,8 @@ def main() -> int:
                   f"{rate:>9,.0f} {mem:>8} {rate / TARGET:>8.1%}")
             if args.breakdown:
                 breakdown(sc)
+            if args.model_cap:
+                model_cap(sc, best.num_states)
     return worst
 
 
@@ -122,6 +131,39 @@ def breakdown(sc) -> None:
         print(f"    {name:36} {spent[name] / total:>6.1%}  {calls[name]:>7,} calls  "
               f"{spent[name] / calls[name] * 1e6:>7.1f} us/call")
     print(f"    {'search loop and the rest':36} {max(total - sum(spent.values()), 0.0) / total:>6.1%}")
+
+
+def model_cap(sc, num_states: int) -> None:
+    """The states/s ceiling set by the model's transitions alone on ``sc`` (see ``--model-cap``)."""
+    import gc
+    import time
+    from explorer import search
+
+    fired = []
+    fire = search.fire
+
+    def recording(core, spec, now):
+        fired.append((core, spec, now))
+        return fire(core, spec, now)
+
+    search.fire = recording
+    try:
+        search.explore(sc)
+    finally:
+        search.fire = fire
+    best = float("inf")
+    gc.disable()
+    try:
+        for _ in range(3):
+            t = time.perf_counter()
+            for core, spec, now in fired:
+                fire(core, spec, now)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        gc.enable()
+    cap = num_states / best if best > 0 else float("inf")
+    print(f"    model transitions alone: {len(fired):,} calls in {best:.2f}s, "
+          f"{best / max(len(fired), 1) * 1e6:.1f} us/call: at most {cap:,.0f} states/s ({cap / TARGET:.0%} of target)")
 
 
 if __name__ == "__main__":
