@@ -78,6 +78,32 @@ def test_s6_deadlock_is_the_activated_fifo_head_of_line_block():
     assert exp.violation("starvation") is not None
 
 
+def test_s6_shortest_form_is_a_fresh_head_in_front_of_an_activated_destination():
+    """MC-30 / S6 (VLLM-11..VLLM-13): reserve Y, submit F, activate Y: the fresh F (2 blocks) waits at
+    the head with 1 block free and Y behind it holds the other 2. The SGLang core, which promotes
+    activated requests first (SG-8), explores the same scenario clean, and so does the vLLM core with
+    a fourth block."""
+    import json
+
+    from explorer import scenario_from_dict
+
+    path = LIB / "known-defects" / "s6-vllm-fresh-head-deadlock.json"
+    exp = explore(load_scenario(path))
+    v = exp.violation("deadlock")
+    assert step_names(exp, v) == ["reserve(hY,Y)", "submit(F)", "activate(hY)"]
+    phases, waiting, running, free = exp.views[v.node]
+    assert list(waiting) == ["F", "Y"] and not running and free == 1
+    raw = json.loads(path.read_text())
+    # SGLang: conservativeness 0 keeps the ratio constant, so the graph is small (MC-2)
+    raw["engine"] = dict(raw["engine"], engine_type="sglang", sglang={"schedule_conservativeness": 0.0})
+    sg = explore(scenario_from_dict(raw))
+    assert sg.complete and sg.clean, [(x.kind, x.message) for x in sg.violations]
+    # one more block and F fits next to Y: every interleaving drains
+    raw = json.loads(path.read_text())
+    raw["engine"]["num_gpu_blocks"] = 4
+    roomy = explore(scenario_from_dict(raw))
+    assert roomy.complete and roomy.clean, [(x.kind, x.message) for x in roomy.violations]
+
 def test_s1_fifo_revival_needs_the_adversarial_reuse():
     """MC-11 / S1: without the cancel and the reused handoff id the FIFO order holds."""
     import json

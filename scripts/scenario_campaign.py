@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Explore many random small scenarios and group what the explorer finds, for triage.
+
+    python scripts/scenario_campaign.py [--seed S] [--count N] [--max-states M] [--out DIR]
+
+Each scenario is a pure function of ``(seed, index)``: a vLLM or SGLang core with a small pool
+(block size 1-16, a pool between half and all of what the requests' prompts need, plus up to three
+blocks), 1-3 requests (plain, handoff source, handoff destination; private prompts or a shared
+leading segment), random ``max_num_seqs`` / ``max_num_batched_tokens`` / chunked prefill / prefix
+caching, and random adversarial flags (SCN-6). Every scenario is explored with all checks on
+(``explorer.explore``, bounded by ``--max-states``).
+
+Findings are grouped by *(property, engine, cooperative only or adversarial)*; per group the script
+prints how many scenarios showed it and keeps the one with the shortest counterexample. With
+``--out`` it writes that scenario as ``<group>.json`` (loadable by ``mocker-spec explore``) and a
+``summary.json`` of every group. A group is not a verdict: most adversarial deadlocks are a
+reservation the adversary made and the cooperative driver never activates. Triage each group's
+scenario by hand against spec/model-checking.md section 6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import sys
+from typing import Any, Dict
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from explorer import ScenarioError, explore, scenario_from_dict  # noqa: E402
+from explorer.outputs import step_names  # noqa: E402
+
+ADVERSARIAL_FLAGS = ("cancel", "out_of_order", "reuse_ids", "unknown_ids")
+
+
+def random_scenario(seed: int, index: int, max_states: int) -> Dict[str, Any]:
+    """Scenario ``index`` of family ``seed`` (a dict in the scenario file format, SCN-2)."""
+    rng = random.Random(f"campaign-{seed}-{index}")
+    engine = rng.choice(["vllm", "vllm", "sglang"])
+    bs = rng.choice([4, 8, 16] if engine == "vllm" else [1, 4, 8, 16])
+    requests = []
+    handoffs = 0
+    blocks_needed = 0
+    for k in range(rng.randint(1, 3)):
+        role = rng.choice(["plain", "source", "destination", "destination"])
+        req: Dict[str, Any] = {"id": f"R{k}", "role": role, "max_output_tokens": rng.randint(1, 3)}
+        if rng.random() < 0.3:  # a shared leading segment (SCN-3) then a private tail
+            req["segments"] = [[rng.choice(["a", "b"]), bs * rng.randint(1, 2)], [f"p{k}", rng.randint(1, 2 * bs)]]
+            length = sum(n for _name, n in req["segments"])
+        else:
+            length = req["prompt_len"] = rng.randint(1, 3 * bs)
+        blocks_needed += -(-length // bs) + 1
+        if role != "plain":
+            handoffs += 1
+            req["handoff"] = f"h{handoffs}"
+            if role == "destination" and rng.random() < 0.3:
+                req["allow_destination_admission"] = False
+        requests.append(req)
+    args: Dict[str, Any] = {"engine_type": engine, "block_size": bs,
+                            "num_gpu_blocks": rng.randint(max(2, blocks_needed // 2), blocks_needed + 3)}
+    if rng.random() < 0.4:
+        args["max_num_seqs"] = rng.randint(1, 3)
+    if rng.random() < 0.4:
+        args["max_num_batched_tokens"] = rng.choice([8, 16, 32, 64, 2048])
+    if engine == "vllm" and rng.random() < 0.3:
+        args["enable_chunked_prefill"] = False
+    if rng.random() < 0.3:
+        args["enable_prefix_caching"] = False
+    if engine == "sglang" and rng.random() < 0.5:
+        # a constant new-token ratio keeps SGLang graphs small (spec/model-checking.md MC-2)
+        args["sglang"] = {"schedule_conservativeness": 0.0}
+    adversarial = {flag: True for flag in ADVERSARIAL_FLAGS if rng.random() < 0.35}
+    return {"name": f"campaign-{seed}-{index}", "engine": args, "requests": requests,
+            "adversarial": adversarial, "bounds": {"max_states": max_states}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=1, help="scenario family (default 1)")
+    ap.add_argument("--count", type=int, default=100, help="scenarios to explore (default 100)")
+    ap.add_argument("--max-states", type=int, default=20_000, help="state bound per scenario (default 20000)")
+    ap.add_argument("--out", help="directory for each group's shortest scenario and summary.json")
+    a = ap.parse_args(argv)
+    for name in ("count", "max_states"):
+        if getattr(a, name) < 1:
+            print(f"scenario_campaign: --{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}",
+                  file=sys.stderr)
+            return 2
+    out = pathlib.Path(a.out) if a.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        print(f"scenario_campaign: --out {out} exists and is not a directory", file=sys.stderr)
+        return 2
+
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    groups: Dict[str, Dict[str, Any]] = {}
+    incomplete = 0
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("exploring", total=a.count)
+        for index in range(a.count):
+            raw = random_scenario(a.seed, index, a.max_states)
+            try:
+                exp = explore(scenario_from_dict(raw))
+            except ScenarioError as err:  # a generator bug: say which scenario and stop
+                print(f"scenario_campaign: scenario {index} of seed {a.seed} is invalid: {err}", file=sys.stderr)
+                return 1
+            incomplete += not exp.complete
+            mode = "adversarial" if raw["adversarial"] else "cooperative"
+            for kind in sorted({v.kind for v in exp.violations}):
+                v = exp.violation(kind)
+                name = f"{kind}-{raw['engine']['engine_type']}-{mode}"
+                g = groups.setdefault(name, {"scenarios": 0, "steps": None})
+                g["scenarios"] += 1
+                if g["steps"] is None or v.length < g["steps"]:
+                    g.update(steps=v.length, scenario=raw, message=v.message,
+                             counterexample=step_names(exp, v))
+            progress.advance(task)
+
+    table = Table(title=f"seed {a.seed}: {a.count} scenarios, {incomplete} hit the state bound")
+    for col in ("group", "scenarios", "shortest counterexample"):
+        table.add_column(col)
+    for name in sorted(groups):
+        g = groups[name]
+        table.add_row(name, str(g["scenarios"]), f"{g['steps']} steps")
+    Console().print(table if groups else f"seed {a.seed}: {a.count} scenarios, no violation")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, g in groups.items():
+            (out / f"{name}.json").write_text(json.dumps(g["scenario"], indent=1) + "\n")
+        summary = {"seed": a.seed, "count": a.count, "max_states": a.max_states, "incomplete": incomplete,
+                   "groups": {n: {k: g[k] for k in ("scenarios", "steps", "message", "counterexample")}
+                              for n, g in sorted(groups.items())}}
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
