@@ -104,6 +104,31 @@ def test_s6_shortest_form_is_a_fresh_head_in_front_of_an_activated_destination()
     roomy = explore(scenario_from_dict(raw))
     assert roomy.complete and roomy.clean, [(x.kind, x.message) for x in roomy.violations]
 
+def test_s9_retracted_destination_never_passes_the_fresh_admission_check():
+    """MC-30 / S9 second half (SG-17, SG-12): A is retracted in the pass that promotes A and B, B
+    finishes, and A waits as a fresh request whose prompt plus output reserve (3 + 2) never fits the
+    5-slot pool. Controls: A alone drains; with a sixth slot no deadlock is left."""
+    import json
+
+    from explorer import scenario_from_dict
+
+    path = LIB / "known-defects" / "s9-sglang-retracted-destination-deadlock.json"
+    exp = explore(load_scenario(path))
+    v = exp.violation("deadlock")
+    assert step_names(exp, v) == ["reserve(hA,A)", "activate(hA)", "reserve(hB,B)", "activate(hB)", "pass", "pass"]
+    phases, waiting, running, _free = exp.views[v.node]
+    assert list(waiting) == ["A"] and not running
+    assert dict(phases) == {"hA": "D_active(waiting(fresh))", "hB": "D_absent"}
+    raw = json.loads(path.read_text())
+    raw["requests"] = raw["requests"][:1]
+    alone = explore(scenario_from_dict(raw))
+    assert alone.complete and alone.clean, [(x.kind, x.message) for x in alone.violations]
+    raw = json.loads(path.read_text())
+    raw["engine"]["num_gpu_blocks"] = 6
+    six = explore(scenario_from_dict(raw))
+    assert six.complete and six.violation("deadlock") is None and six.violation("livelock") is not None
+
+
 def test_s1_fifo_revival_needs_the_adversarial_reuse():
     """MC-11 / S1: without the cancel and the reused handoff id the FIFO order holds."""
     import json
