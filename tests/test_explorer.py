@@ -141,6 +141,22 @@ def test_s1_fifo_revival_needs_the_adversarial_reuse():
     assert exp.complete and exp.violation("fifo_order") is None
 
 
+def test_s1_in_five_steps_when_admission_is_withheld_instead_of_a_full_pool():
+    """MC-11 / S1 (PEND-Q1, CMD-6): without the filler P, reservations that withhold admission
+    (`allow_destination_admission: false`) stay pending on their own, so reserve A, H, B; cancel H;
+    reserve H again breaks the acceptance order in 5 steps (found by the scenario campaign)."""
+    import json
+
+    from explorer import scenario_from_dict
+
+    raw = json.loads((LIB / "known-defects" / "s1-fifo-tombstone-revival.json").read_text())
+    raw["requests"] = [dict(r, allow_destination_admission=False) for r in raw["requests"] if r["id"] != "P"]
+    exp = explore(scenario_from_dict(raw), stop_on="fifo_order")
+    v = exp.violation("fifo_order")
+    assert step_names(exp, v) == ["reserve(hA,A)", "reserve(hH,H)", "reserve(hB,B)", "cancel_destination(hH)",
+                                  "reserve(hH,H2)"]
+
+
 @pytest.mark.parametrize("path", CLEAN, ids=[p.stem for p in CLEAN])
 def test_clean_scenario_passes_exhaustively(path):
     """MC-20 / SCN-9: a clean scenario explores completely (liveness included) with no violation."""
