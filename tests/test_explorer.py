@@ -7,12 +7,13 @@ scenarios run once the SGLang core exists.
 
 from __future__ import annotations
 
+import json
 import pathlib
 import time
 
 import pytest
 
-from explorer import explore, load_scenario
+from explorer import explore, load_scenario, scenario_from_dict
 from explorer.outputs import step_names
 from explorer.replay import reproduce
 
@@ -83,10 +84,6 @@ def test_s6_shortest_form_is_a_fresh_head_in_front_of_an_activated_destination()
     the head with 1 block free and Y behind it holds the other 2. The SGLang core, which promotes
     activated requests first (SG-8), explores the same scenario clean, and so does the vLLM core with
     a fourth block."""
-    import json
-
-    from explorer import scenario_from_dict
-
     path = LIB / "known-defects" / "s6-vllm-fresh-head-deadlock.json"
     exp = explore(load_scenario(path))
     v = exp.violation("deadlock")
@@ -104,14 +101,11 @@ def test_s6_shortest_form_is_a_fresh_head_in_front_of_an_activated_destination()
     roomy = explore(scenario_from_dict(raw))
     assert roomy.complete and roomy.clean, [(x.kind, x.message) for x in roomy.violations]
 
+
 def test_s9_retracted_destination_never_passes_the_fresh_admission_check():
     """MC-30 / S9 second half (SG-17, SG-12): A is retracted in the pass that promotes A and B, B
     finishes, and A waits as a fresh request whose prompt plus output reserve (3 + 2) never fits the
     5-slot pool. Controls: A alone drains; with a sixth slot no deadlock is left."""
-    import json
-
-    from explorer import scenario_from_dict
-
     path = LIB / "known-defects" / "s9-sglang-retracted-destination-deadlock.json"
     exp = explore(load_scenario(path))
     v = exp.violation("deadlock")
@@ -131,12 +125,8 @@ def test_s9_retracted_destination_never_passes_the_fresh_admission_check():
 
 def test_s1_fifo_revival_needs_the_adversarial_reuse():
     """MC-11 / S1: without the cancel and the reused handoff id the FIFO order holds."""
-    import json
-
     raw = json.loads((LIB / "known-defects" / "s1-fifo-tombstone-revival.json").read_text())
     raw["actions"] = []
-    from explorer import scenario_from_dict
-
     exp = explore(scenario_from_dict(raw), stop_on="fifo_order")
     assert exp.complete and exp.violation("fifo_order") is None
 
@@ -145,10 +135,6 @@ def test_s1_in_five_steps_when_admission_is_withheld_instead_of_a_full_pool():
     """MC-11 / S1 (PEND-Q1, CMD-6): without the filler P, reservations that withhold admission
     (`allow_destination_admission: false`) stay pending on their own, so reserve A, H, B; cancel H;
     reserve H again breaks the acceptance order in 5 steps (found by the scenario campaign)."""
-    import json
-
-    from explorer import scenario_from_dict
-
     raw = json.loads((LIB / "known-defects" / "s1-fifo-tombstone-revival.json").read_text())
     raw["requests"] = [dict(r, allow_destination_admission=False) for r in raw["requests"] if r["id"] != "P"]
     exp = explore(scenario_from_dict(raw), stop_on="fifo_order")
