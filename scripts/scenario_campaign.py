@@ -10,8 +10,10 @@ leading segment), random ``max_num_seqs`` / ``max_num_batched_tokens`` / chunked
 caching, and random adversarial flags (SCN-6). Every scenario is explored with all checks on
 (``explorer.explore``, bounded by ``--max-states``).
 
-Findings are grouped by *(property, engine, cooperative only or adversarial)*; per group the script
-prints how many scenarios showed it and keeps the one with the shortest counterexample. With
+Findings are grouped by *(property, engine, cooperative or adversarial)*. A finding is
+*cooperative* when the scenario shows it with its adversarial flags removed (that twin is explored
+too, and is what the group keeps), *adversarial* when it needs adversarial actions. Per group the
+script prints how many scenarios showed it and keeps the one with the shortest counterexample. With
 ``--out`` it writes that scenario as ``<group>.json`` (loadable by ``mocker-spec explore``) and a
 ``summary.json`` of every group. A group is not a verdict: most adversarial deadlocks are a
 reservation the adversary made and the cooperative driver never activates. Triage each group's
@@ -110,15 +112,26 @@ def main(argv=None) -> int:
                 print(f"scenario_campaign: scenario {index} of seed {a.seed} is invalid: {err}", file=sys.stderr)
                 return 1
             incomplete += not exp.complete
-            mode = "adversarial" if raw["adversarial"] else "cooperative"
+            twin = twin_exp = None
+            if raw["adversarial"] and exp.violations:
+                # which findings need the adversary: explore the same scenario without its flags
+                twin = dict(raw, adversarial={}, name=raw["name"] + "-cooperative")
+                twin_exp = explore(scenario_from_dict(twin))
             for kind in sorted({v.kind for v in exp.violations}):
-                v = exp.violation(kind)
+                src, found = raw, exp
+                if not raw["adversarial"] or twin_exp.violation(kind) is not None:
+                    mode = "cooperative"
+                    if twin_exp is not None:
+                        src, found = twin, twin_exp
+                else:
+                    mode = "adversarial"
+                v = found.violation(kind)
                 name = f"{kind}-{raw['engine']['engine_type']}-{mode}"
                 g = groups.setdefault(name, {"scenarios": 0, "steps": None})
                 g["scenarios"] += 1
                 if g["steps"] is None or v.length < g["steps"]:
-                    g.update(steps=v.length, scenario=raw, message=v.message,
-                             counterexample=step_names(exp, v))
+                    g.update(steps=v.length, scenario=src, message=v.message,
+                             counterexample=step_names(found, v))
             progress.advance(task)
 
     table = Table(title=f"seed {a.seed}: {a.count} scenarios, {incomplete} hit the state bound")

@@ -7,7 +7,7 @@ import importlib.util
 import json
 import pathlib
 
-from explorer import explore, load_scenario, scenario_from_dict
+from explorer import explore, scenario_from_dict
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -35,10 +35,20 @@ def test_each_group_keeps_a_scenario_that_shows_its_violation(tmp_path, capsys):
     assert summary["count"] == 6 and summary["groups"]
     for name, g in summary["groups"].items():
         assert 1 <= g["scenarios"] <= 6
-        kind = name.split("-")[0]
-        exp = explore(load_scenario(tmp_path / f"{name}.json"))
+        kind, _engine, mode = name.split("-")
+        raw = json.loads((tmp_path / f"{name}.json").read_text())
+        exp = explore(scenario_from_dict(raw))
         v = exp.violation(kind)
         assert v is not None and v.length == g["steps"] == len(g["counterexample"]), name
+        # a cooperative group keeps a scenario without adversarial actions; an adversarial one keeps
+        # a scenario whose finding disappears when its adversarial flags are removed
+        if mode == "cooperative":
+            assert not raw["adversarial"], name
+        else:
+            assert mode == "adversarial" and raw["adversarial"], name
+            twin = explore(scenario_from_dict(dict(raw, adversarial={})))
+            assert twin.violation(kind) is None, name
+    assert {n.split("-")[2] for n in summary["groups"]} == {"cooperative", "adversarial"}
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
