@@ -123,6 +123,27 @@ def test_s9_retracted_destination_never_passes_the_fresh_admission_check():
     assert six.complete and six.violation("deadlock") is None and six.violation("livelock") is not None
 
 
+def test_s10_leaks_under_a_correct_driver_through_a_retraction():
+    """MC-12 / S10 (SGQ-3, SG-17): every step of the leak is cooperative; the reservation must come
+    before the source's release (then activation collides with the cached prefix), and private
+    prompts do not leak."""
+    path = LIB / "known-defects" / "s10-sglang-retraction-leak.json"
+    sc = load_scenario(path)
+    assert not any(a.name.startswith(("cancel", "early", "unknown")) for a in sc.actions)
+    exp = explore(sc)
+    v = exp.violation("drained_pool_free")
+    steps = step_names(exp, v)
+    assert steps == ["submit_prefill(hS,S)", "pass", "reserve(hD,D)", "release(hS)", "activate(hD)",
+                     "reserve(hE,E)", "activate(hE)", "pass", "pass", "pass"]
+    assert all(exp.scenario.actions[exp.edges[e].action].cooperative for e in v.steps())
+    swapped = steps[:2] + ["release(hS)", "reserve(hD,D)"] + steps[4:]
+    assert not reproduce(sc, swapped, "drained_pool_free", "drained_pool_free", None).reproduced
+    raw = json.loads(path.read_text())
+    raw["requests"][1]["segments"] = [["private", 2], ["d", 2]]
+    private = explore(scenario_from_dict(raw), stop_on="drained_pool_free")
+    assert private.complete and private.violation("drained_pool_free") is None
+
+
 def test_s1_fifo_revival_needs_the_adversarial_reuse():
     """MC-11 / S1: without the cancel and the reused handoff id the FIFO order holds."""
     raw = json.loads((LIB / "known-defects" / "s1-fifo-tombstone-revival.json").read_text())
