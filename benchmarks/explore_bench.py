@@ -24,6 +24,7 @@ model's transitions cost nothing: a ceiling no explorer tuning can pass.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import pathlib
 import sys
 
@@ -98,7 +99,6 @@ def breakdown(sc) -> None:
 
     spent: dict = {}
     calls: dict = {}
-    saved = []
 
     def timed(label, fn, key=None):
         def wrapper(*a, **k):
@@ -111,26 +111,32 @@ def breakdown(sc) -> None:
                 calls[name] = calls.get(name, 0) + 1
         return wrapper
 
-    for label, path in PARTS:
-        *owner_path, attr = path.split(".")[1:]
-        owner = search
-        for name in owner_path:
-            owner = getattr(owner, name)
-        saved.append((owner, attr, getattr(owner, attr)))
-    saved.append((search, "fire", search.fire))
-    try:
-        for (owner, attr, fn), (label, _p) in zip(saved, PARTS):
-            setattr(owner, attr, timed(label, fn))
-        search.fire = timed("model", saved[-1][2], key=lambda core, spec, now: f"model: {spec.kind}")
+    with contextlib.ExitStack() as patches:
+        for label, path in PARTS:
+            *owner_path, attr = path.split(".")[1:]
+            owner = search
+            for name in owner_path:
+                owner = getattr(owner, name)
+            patches.enter_context(_patched(owner, attr, timed(label, getattr(owner, attr))))
+        patches.enter_context(_patched(search, "fire", timed("model", search.fire,
+                                                             key=lambda core, spec, now: f"model: {spec.kind}")))
         exp = search.explore(sc)
-    finally:
-        for owner, attr, fn in saved:
-            setattr(owner, attr, fn)
     total = exp.elapsed_s
     for name in sorted(spent, key=spent.get, reverse=True):
         print(f"    {name:36} {spent[name] / total:>6.1%}  {calls[name]:>7,} calls  "
               f"{spent[name] / calls[name] * 1e6:>7.1f} us/call")
     print(f"    {'search loop and the rest':36} {max(total - sum(spent.values()), 0.0) / total:>6.1%}")
+
+
+@contextlib.contextmanager
+def _patched(owner, attr: str, replacement):
+    """``owner.attr`` is ``replacement`` inside the block and restored after it."""
+    saved = getattr(owner, attr)
+    setattr(owner, attr, replacement)
+    try:
+        yield
+    finally:
+        setattr(owner, attr, saved)
 
 
 def model_cap(sc, num_states: int) -> None:
@@ -146,11 +152,8 @@ def model_cap(sc, num_states: int) -> None:
         fired.append((core, spec, now))
         return fire(core, spec, now)
 
-    search.fire = recording
-    try:
+    with _patched(search, "fire", recording):
         search.explore(sc)
-    finally:
-        search.fire = fire
     best = float("inf")
     gc.disable()
     try:

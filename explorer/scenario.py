@@ -222,7 +222,8 @@ _REQ_KEYS = {"id", "role", "handoff", "tokens", "segments", "prompt_len", "max_o
              "allow_destination_admission"}
 _ACTION_KEYS = {"name", "kind", "handoff", "request", "cooperative", "once", "guard",
                 "allow_destination_admission"}
-_ADV_KEYS = {"cancel", "out_of_order", "unknown_ids", "reuse_ids"}
+#: SCN-6 adversarial flags, in a fixed order (validation reports the first bad one; generators draw them in turn)
+ADVERSARIAL_FLAGS = ("cancel", "out_of_order", "reuse_ids", "unknown_ids")
 
 
 def _check_keys(obj: Mapping[str, Any], allowed, where: str) -> None:
@@ -317,8 +318,8 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     adv = obj.get("adversarial", {})
     if not isinstance(adv, Mapping):
         raise ScenarioError("scenario.adversarial must be an object")
-    _check_keys(adv, _ADV_KEYS, "adversarial")
-    for k in _ADV_KEYS:
+    _check_keys(adv, ADVERSARIAL_FLAGS, "adversarial")
+    for k in ADVERSARIAL_FLAGS:
         _bool(adv, k, False, "adversarial")
     for r in requests:
         if r.role == "plain":

@@ -34,8 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from explorer import ScenarioError, explore, scenario_from_dict  # noqa: E402
 from explorer.outputs import step_names  # noqa: E402
-
-ADVERSARIAL_FLAGS = ("cancel", "out_of_order", "reuse_ids", "unknown_ids")
+from explorer.scenario import ADVERSARIAL_FLAGS  # noqa: E402
 
 
 def random_scenario(seed: int, index: int, max_states: int) -> Dict[str, Any]:
