@@ -226,7 +226,11 @@ def explore(
 def _collector_tuned():
     """Exploration keeps every state it finds: with the default thresholds the cyclic garbage
     collector rescans that growing heap again and again (about 40% of the run). The states are
-    immutable and acyclic, so collections are made rare for the run and the thresholds restored."""
+    immutable and acyclic, so collections are made rare for the run and the thresholds restored.
+    Interpreters without thresholds (PyPy's incremental collector) are left as they are."""
+    if not hasattr(gc, "get_threshold"):
+        yield
+        return
     saved = gc.get_threshold()
     gc.set_threshold(50_000, 50, 1_000)
     try:
