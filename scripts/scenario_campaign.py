@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Explore many random small scenarios and group what the explorer finds, for triage.
 
-    python scripts/scenario_campaign.py [--seed S] [--count N] [--max-states M] [--out DIR]
+    python scripts/scenario_campaign.py [--seed S] [--count N] [--max-states M] [--by-shape] [--out DIR]
 
 Each scenario is a pure function of ``(seed, index)``: a vLLM or SGLang core with a small pool
 (block size 1-16, a pool between half and all of what the requests' prompts need, plus up to three
@@ -12,7 +12,11 @@ caching, and random adversarial flags (SCN-6). Every scenario is explored with a
 
 Findings are grouped by *(property, engine, cooperative or adversarial)*. A finding is
 *cooperative* when the scenario shows it with its adversarial flags removed (that twin is explored
-too, and is what the group keeps), *adversarial* when it needs adversarial actions. Per group the
+too, and is what the group keeps), *adversarial* when it needs adversarial actions. ``--by-shape``
+splits each group further by the *shape* of the state the counterexample stops in (:func:`shape_of`:
+the phases of its requests and handoffs without their names, whether the queues are empty, whether
+the pool is exhausted, and the invariant's name), so that two defects of one property found in one
+family are both kept instead of only the shorter. Per group the
 script prints how many scenarios showed it and keeps the one with the shortest counterexample. With
 ``--out`` it writes that scenario as ``<group>.json`` (loadable by ``mocker-spec explore``) and a
 ``summary.json`` of every group. A group is not a verdict: most adversarial deadlocks are a
@@ -23,6 +27,7 @@ scenario by hand against spec/model-checking.md section 6.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import random
@@ -34,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from explorer import ScenarioError, explore, scenario_from_dict  # noqa: E402
 from explorer.outputs import step_names  # noqa: E402
+from explorer.search import graph_of  # noqa: E402
 from explorer.scenario import ADVERSARIAL_FLAGS  # noqa: E402
 
 
@@ -78,11 +84,40 @@ def random_scenario(seed: int, index: int, max_states: int) -> Dict[str, Any]:
             "adversarial": adversarial, "bounds": {"max_states": max_states}}
 
 
+#: phases of requests and handoffs that are not (or no longer) in the core: left out of a shape
+SETTLED_PHASES = frozenset({"unissued", "done", "S_unissued", "S_absent", "D_unissued", "D_absent"})
+
+
+def shape_of(exploration, v) -> str:
+    """The shape of the state ``v`` stops in (the cycle's entry for a lasso): the live phases of the
+    scenario's requests and handoffs as a sorted multiset (names and settled phases dropped, so
+    renamed or padded copies of one defect share a shape), then which queues hold requests and
+    whether the pool is exhausted; an invariant violation also names its invariant."""
+    phases, waiting, running, free = graph_of(v, exploration).views[v.node]
+    parts = ["+".join(sorted(p for _name, p in phases if p not in SETTLED_PHASES)) or "nothing live"]
+    parts.append("&".join(q for q, held in (("waiting", waiting), ("running", running)) if held) or "idle")
+    if free is not None:
+        parts.append("pool exhausted" if free == 0 else "pool free")
+    if v.kind == "invariant":
+        parts.insert(0, v.name)
+    return " | ".join(parts)
+
+
+def group_name(kind: str, engine: str, mode: str, shape: str | None) -> str:
+    """``kind-engine-mode``, with ``--by-shape`` followed by eight hex digits of the shape's SHA-1."""
+    name = f"{kind}-{engine}-{mode}"
+    if shape is not None:
+        name += "-" + hashlib.sha1(shape.encode()).hexdigest()[:8]
+    return name
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=1, help="scenario family (default 1)")
     ap.add_argument("--count", type=int, default=100, help="scenarios to explore (default 100)")
     ap.add_argument("--max-states", type=int, default=20_000, help="state bound per scenario (default 20000)")
+    ap.add_argument("--by-shape", action="store_true",
+                    help="split each group by the shape of the state its counterexample stops in")
     ap.add_argument("--out", help="directory for each group's shortest scenario and summary.json")
     a = ap.parse_args(argv)
     for name in ("count", "max_states"):
@@ -125,27 +160,29 @@ def main(argv=None) -> int:
                 else:
                     mode = "adversarial"
                 v = found.violation(kind)
-                name = f"{kind}-{raw['engine']['engine_type']}-{mode}"
+                shape = shape_of(found, v)
+                name = group_name(kind, raw["engine"]["engine_type"], mode, shape if a.by_shape else None)
                 g = groups.setdefault(name, {"scenarios": 0, "steps": None})
                 g["scenarios"] += 1
                 if g["steps"] is None or v.length < g["steps"]:
-                    g.update(steps=v.length, scenario=src, message=v.message,
+                    g.update(steps=v.length, scenario=src, message=v.message, shape=shape,
                              counterexample=step_names(found, v))
             progress.advance(task)
 
     table = Table(title=f"seed {a.seed}: {a.count} scenarios, {incomplete} hit the state bound")
-    for col in ("group", "scenarios", "shortest counterexample"):
+    for col in ("group", "scenarios", "shortest counterexample") + (("shape",) if a.by_shape else ()):
         table.add_column(col)
     for name in sorted(groups):
         g = groups[name]
-        table.add_row(name, str(g["scenarios"]), f"{g['steps']} steps")
-    Console().print(table if groups else f"seed {a.seed}: {a.count} scenarios, no violation")
+        table.add_row(name, str(g["scenarios"]), f"{g['steps']} steps", *((g["shape"],) if a.by_shape else ()))
+    Console(width=None if sys.stdout.isatty() else 200).print(table if groups else f"seed {a.seed}: {a.count} scenarios, no violation")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, g in groups.items():
             (out / f"{name}.json").write_text(json.dumps(g["scenario"], indent=1) + "\n")
-        summary = {"seed": a.seed, "count": a.count, "max_states": a.max_states, "incomplete": incomplete,
-                   "groups": {n: {k: g[k] for k in ("scenarios", "steps", "message", "counterexample")}
+        summary = {"seed": a.seed, "count": a.count, "max_states": a.max_states, "by_shape": a.by_shape,
+                   "incomplete": incomplete,
+                   "groups": {n: {k: g[k] for k in ("scenarios", "steps", "shape", "message", "counterexample")}
                               for n, g in sorted(groups.items())}}
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0

@@ -35,7 +35,7 @@ def test_each_group_keeps_a_scenario_that_shows_its_violation(tmp_path, capsys):
     assert summary["count"] == 6 and summary["groups"]
     for name, g in summary["groups"].items():
         assert 1 <= g["scenarios"] <= 6
-        kind, _engine, mode = name.split("-")
+        kind, _engine, mode = name.split("-")  # no shape suffix without --by-shape
         raw = json.loads((tmp_path / f"{name}.json").read_text())
         exp = explore(scenario_from_dict(raw))
         v = exp.violation(kind)
@@ -61,3 +61,39 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a directory" in err
     assert not_a_dir.read_text() == ""
+
+
+def test_by_shape_splits_groups_by_the_stuck_state_and_each_kept_scenario_stops_in_its_shape(tmp_path):
+    camp = _campaign()
+    plain, shaped = tmp_path / "plain", tmp_path / "shaped"
+    assert camp.main(["--seed", "8", "--count", "10", "--max-states", "1500", "--out", str(plain)]) == 0
+    assert camp.main(["--seed", "8", "--count", "10", "--max-states", "1500", "--by-shape",
+                      "--out", str(shaped)]) == 0
+    by_kind = json.loads((plain / "summary.json").read_text())["groups"]
+    summary = json.loads((shaped / "summary.json").read_text())
+    assert summary["by_shape"] is True
+    groups = summary["groups"]
+    # every shaped group refines exactly one plain group, and the refinement loses no scenario
+    for name, g in by_kind.items():
+        parts = {n: s for n, s in groups.items() if n.rsplit("-", 1)[0] == name}
+        assert parts and sum(s["scenarios"] for s in parts.values()) == g["scenarios"], name
+        assert min(s["steps"] for s in parts.values()) == g["steps"], name
+    assert len(groups) > len(by_kind)  # seed 8's first ten show two properties in two shapes each
+    for name, g in groups.items():
+        kind = name.split("-")[0]
+        assert name == camp.group_name(kind, name.split("-")[1], name.split("-")[2], g["shape"])
+        raw = json.loads((shaped / f"{name}.json").read_text())
+        exp = explore(scenario_from_dict(raw))
+        v = exp.violation(kind)
+        assert v is not None and v.length == g["steps"] and camp.shape_of(exp, v) == g["shape"], name
+        assert not any(p in g["shape"].split(" | ")[-3].split("+") for p in camp.SETTLED_PHASES), name
+
+
+def test_shape_of_the_s6_fresh_head_deadlock():
+    """By hand from test_s6_shortest_form_is_a_fresh_head_in_front_of_an_activated_destination: F
+    (plain, fresh) and the activated destination Y both wait, nothing runs, one block is free."""
+    from explorer import load_scenario
+
+    camp = _campaign()
+    exp = explore(load_scenario(ROOT / "spec" / "scenarios" / "known-defects" / "s6-vllm-fresh-head-deadlock.json"))
+    assert camp.shape_of(exp, exp.violation("deadlock")) == "D_active(waiting)+waiting(fresh) | waiting | pool free"
