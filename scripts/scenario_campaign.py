@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Explore many random small scenarios and group what the explorer finds, for triage.
 
-    python scripts/scenario_campaign.py [--seed S] [--count N] [--max-states M] [--by-shape] [--out DIR]
+    python scripts/scenario_campaign.py [--seed S] [--count N] [--max-states M] [--by-shape] [--minimize]
+                                        [--out DIR]
 
 Each scenario is a pure function of ``(seed, index)``: a vLLM or SGLang core with a small pool
 (block size 1-16, a pool between half and all of what the requests' prompts need, plus up to three
@@ -16,7 +17,12 @@ too, and is what the group keeps), *adversarial* when it needs adversarial actio
 splits each group further by the *shape* of the state the counterexample stops in (:func:`shape_of`:
 the phases of its requests and handoffs without their names, whether the queues are empty, whether
 the pool is exhausted, and the invariant's name), so that two defects of one property found in one
-family are both kept instead of only the shorter. Per group the
+family are both kept instead of only the shorter. ``--minimize`` then shrinks each group's kept
+scenario (:func:`minimize`: fewer requests, engine options and adversarial flags, shorter prompts and
+outputs, a smaller pool, while the group's property still fails in a state of the same shape, so that
+shrinking cannot slide into a different, trivial defect such as a request larger than the pool) and
+records which of its requests show the property on their own (``alone``: empty for a defect of the
+requests' interaction; a request listed there cannot complete even by itself). Per group the
 script prints how many scenarios showed it and keeps the one with the shortest counterexample. With
 ``--out`` it writes that scenario as ``<group>.json`` (loadable by ``mocker-spec explore``) and a
 ``summary.json`` of every group. A group is not a verdict: most adversarial deadlocks are a
@@ -103,6 +109,79 @@ def shape_of(exploration, v) -> str:
     return " | ".join(parts)
 
 
+#: engine arguments a minimized scenario may lose (the core falls back to its defaults)
+OPTIONAL_ENGINE_ARGS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                        "enable_prefix_caching", "sglang")
+
+
+def _smaller(raw: Dict[str, Any]):
+    """Every scenario one reduction step smaller than ``raw``, most drastic first (may be invalid)."""
+    reqs = raw["requests"]
+    if len(reqs) > 1:
+        for k in range(len(reqs)):
+            yield dict(raw, requests=reqs[:k] + reqs[k + 1:])
+    for key in OPTIONAL_ENGINE_ARGS:
+        if key in raw["engine"]:
+            yield dict(raw, engine={k: v for k, v in raw["engine"].items() if k != key})
+    flags = raw.get("adversarial", {})
+    if len(flags) > 1:  # an adversarial finding keeps at least one flag (its mode does not change)
+        for flag in flags:
+            yield dict(raw, adversarial={f: v for f, v in flags.items() if f != flag})
+    blocks = raw["engine"]["num_gpu_blocks"]
+    for n in dict.fromkeys((blocks // 2, blocks - 1)):
+        if n >= 1:
+            yield dict(raw, engine=dict(raw["engine"], num_gpu_blocks=n))
+    for k, req in enumerate(reqs):
+        variants = []
+        if "segments" in req:
+            plain = {f: v for f, v in req.items() if f != "segments"}
+            variants.append(dict(plain, prompt_len=sum(n for _name, n in req["segments"])))
+        if "allow_destination_admission" in req:
+            variants.append({f: v for f, v in req.items() if f != "allow_destination_admission"})
+        for field in ("prompt_len", "max_output_tokens"):
+            if field in req:
+                for n in dict.fromkeys((req[field] // 2, req[field] - 1)):
+                    if n >= 1:
+                        variants.append(dict(req, **{field: n}))
+        for v in variants:
+            yield dict(raw, requests=reqs[:k] + [v] + reqs[k + 1:])
+
+
+def _shows(raw: Dict[str, Any], kind: str, shape: str | None):
+    """The exploration of ``raw`` if it is valid and shows a ``kind`` violation (of ``shape``)."""
+    try:
+        exp = explore(scenario_from_dict(raw))
+    except ScenarioError:
+        return None
+    v = exp.violation(kind)
+    if v is None or (shape is not None and shape_of(exp, v) != shape):
+        return None
+    return exp
+
+
+def minimize(raw: Dict[str, Any], kind: str, shape: str | None = None):
+    """Greedy shrinking: take the first smaller scenario (:func:`_smaller`) that is valid and still
+    shows a ``kind`` violation, stopping in a state of ``shape`` when one is given, until none does.
+    Returns the scenario and its exploration; no single step smaller shows the same."""
+    best = _shows(raw, kind, shape)
+    assert best is not None, (raw["name"], kind, shape)
+    while True:
+        for cand in _smaller(raw):
+            exp = _shows(cand, kind, shape)
+            if exp is not None:
+                raw, best = cand, exp
+                break
+        else:
+            return raw, best
+
+
+def alone(raw: Dict[str, Any], kind: str):
+    """The ids of ``raw``'s requests that show a ``kind`` violation in a scenario of their own."""
+    if len(raw["requests"]) == 1:
+        return [raw["requests"][0]["id"]]
+    return [r["id"] for r in raw["requests"] if _shows(dict(raw, requests=[r]), kind, None) is not None]
+
+
 def group_name(kind: str, engine: str, mode: str, shape: str | None) -> str:
     """``kind-engine-mode``, with ``--by-shape`` followed by eight hex digits of the shape's SHA-1."""
     name = f"{kind}-{engine}-{mode}"
@@ -118,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-states", type=int, default=20_000, help="state bound per scenario (default 20000)")
     ap.add_argument("--by-shape", action="store_true",
                     help="split each group by the shape of the state its counterexample stops in")
+    ap.add_argument("--minimize", action="store_true",
+                    help="shrink each group's kept scenario while its property still fails in the same shape")
     ap.add_argument("--out", help="directory for each group's shortest scenario and summary.json")
     a = ap.parse_args(argv)
     for name in ("count", "max_states"):
@@ -169,6 +250,8 @@ def main(argv=None) -> int:
                              counterexample=step_names(found, v))
             progress.advance(task)
 
+    if a.minimize:
+        groups = _minimized(groups)
     table = Table(title=f"seed {a.seed}: {a.count} scenarios, {incomplete} hit the state bound")
     for col in ("group", "scenarios", "shortest counterexample") + (("shape",) if a.by_shape else ()):
         table.add_column(col)
@@ -181,11 +264,32 @@ def main(argv=None) -> int:
         for name, g in groups.items():
             (out / f"{name}.json").write_text(json.dumps(g["scenario"], indent=1) + "\n")
         summary = {"seed": a.seed, "count": a.count, "max_states": a.max_states, "by_shape": a.by_shape,
+                   "minimized": a.minimize,
                    "incomplete": incomplete,
-                   "groups": {n: {k: g[k] for k in ("scenarios", "steps", "shape", "message", "counterexample")}
+                   "groups": {n: {k: g[k] for k in ("scenarios", "steps", "shape", "message", "counterexample",
+                                                    "alone") if k in g}
                               for n, g in sorted(groups.items())}}
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
+
+
+def _minimized(groups: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """Each group's kept scenario shrunk (:func:`minimize`, keeping its shape), with the ids of the
+    requests that show the property alone; the counts and names stay."""
+    out: Dict[str, Dict[str, Any]] = {}
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("minimizing", total=len(groups))
+        for name, g in sorted(groups.items()):
+            kind = name.split("-")[0]
+            raw, exp = minimize(g["scenario"], kind, g["shape"])
+            v = exp.violation(kind)
+            out[name] = dict(g, steps=v.length, scenario=raw, message=v.message,
+                             counterexample=step_names(exp, v), alone=alone(raw, kind))
+            progress.advance(task)
+    return out
 
 
 if __name__ == "__main__":

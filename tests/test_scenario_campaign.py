@@ -97,3 +97,34 @@ def test_shape_of_the_s6_fresh_head_deadlock():
     camp = _campaign()
     exp = explore(load_scenario(ROOT / "spec" / "scenarios" / "known-defects" / "s6-vllm-fresh-head-deadlock.json"))
     assert camp.shape_of(exp, exp.violation("deadlock")) == "D_active(waiting)+waiting(fresh) | waiting | pool free"
+
+
+def test_minimize_keeps_the_shape_and_no_single_step_smaller_scenario_shows_it():
+    """S6's 3-step form shrinks to a scenario that still deadlocks in the same shape, from which no
+    one reduction step keeps that; and it stays an interaction of its two requests: by hand, F alone
+    (2 of 3 blocks) and Y alone (2 of 3 blocks) both drain."""
+    camp = _campaign()
+    raw = json.loads((ROOT / "spec" / "scenarios" / "known-defects" / "s6-vllm-fresh-head-deadlock.json").read_text())
+    shape = "D_active(waiting)+waiting(fresh) | waiting | pool free"  # test_shape_of_the_s6_fresh_head_deadlock
+    small, exp = camp.minimize(raw, "deadlock", shape)
+    assert camp.shape_of(exp, exp.violation("deadlock")) == shape
+    assert len(small["requests"]) == 2 and small["engine"]["num_gpu_blocks"] <= raw["engine"]["num_gpu_blocks"]
+    for cand in camp._smaller(small):
+        assert camp._shows(cand, "deadlock", shape) is None, cand
+    assert camp.alone(small, "deadlock") == []
+    assert camp.alone(raw, "deadlock") == []
+
+
+def test_minimize_option_writes_minimal_scenarios_that_still_show_their_group(tmp_path):
+    camp = _campaign()
+    assert camp.main(["--seed", "8", "--count", "10", "--max-states", "1500", "--by-shape", "--minimize",
+                      "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["minimized"] is True and summary["groups"]
+    for name, g in summary["groups"].items():
+        kind = name.split("-")[0]
+        raw = json.loads((tmp_path / f"{name}.json").read_text())
+        exp = explore(scenario_from_dict(raw))
+        v = exp.violation(kind)
+        assert v is not None and v.length == g["steps"] and camp.shape_of(exp, v) == g["shape"], name
+        assert set(g["alone"]) <= {r["id"] for r in raw["requests"]}, name
