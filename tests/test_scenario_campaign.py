@@ -109,8 +109,10 @@ def test_minimize_keeps_the_shape_and_no_single_step_smaller_scenario_shows_it()
     small, exp = camp.minimize(raw, "deadlock", shape)
     assert camp.shape_of(exp, exp.violation("deadlock")) == shape
     assert len(small["requests"]) == 2 and small["engine"]["num_gpu_blocks"] <= raw["engine"]["num_gpu_blocks"]
+    steps = exp.violation("deadlock").length
+    assert steps <= 3  # the file's counterexample length (its expect.max_steps)
     for cand in camp._smaller(small):
-        assert camp._shows(cand, "deadlock", shape) is None, cand
+        assert camp._shows(cand, "deadlock", shape, steps) is None, cand
     assert camp.alone(small, "deadlock") == []
     assert camp.alone(raw, "deadlock") == []
 
