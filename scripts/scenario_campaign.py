@@ -21,9 +21,9 @@ family are both kept instead of only the shorter. ``--minimize`` then shrinks ea
 scenario (:func:`minimize`: fewer requests, engine options and adversarial flags, shorter prompts and
 outputs, a smaller pool, while the group's property still fails in a state of the same shape and in
 no more steps, so that shrinking cannot slide into a different, trivial defect such as a request
-larger than the pool) and
-records which of its requests show the property on their own (``alone``: empty for a defect of the
-requests' interaction; a request listed there cannot complete even by itself). Per group the
+larger than the pool) and records which of its requests show the property on their own (``alone``:
+empty for a defect of the requests' interaction; a request listed there fails even by itself). Per
+group the
 script prints how many scenarios showed it and keeps the one with the shortest counterexample. With
 ``--out`` it writes that scenario as ``<group>.json`` (loadable by ``mocker-spec explore``) and a
 ``summary.json`` of every group. A group is not a verdict: most adversarial deadlocks are a
@@ -182,8 +182,6 @@ def minimize(raw: Dict[str, Any], kind: str, shape: str | None = None):
 
 def alone(raw: Dict[str, Any], kind: str):
     """The ids of ``raw``'s requests that show a ``kind`` violation in a scenario of their own."""
-    if len(raw["requests"]) == 1:
-        return [raw["requests"][0]["id"]]
     return [r["id"] for r in raw["requests"] if _shows(dict(raw, requests=[r]), kind, None) is not None]
 
 
@@ -263,7 +261,8 @@ def main(argv=None) -> int:
     for name in sorted(groups):
         g = groups[name]
         table.add_row(name, str(g["scenarios"]), f"{g['steps']} steps", *((g["shape"],) if a.by_shape else ()))
-    Console(width=None if sys.stdout.isatty() else 200).print(table if groups else f"seed {a.seed}: {a.count} scenarios, no violation")
+    wide = Console(width=None if sys.stdout.isatty() else 200)  # a piped table keeps whole shapes
+    wide.print(table if groups else f"seed {a.seed}: {a.count} scenarios, no violation")
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         for name, g in groups.items():
