@@ -246,7 +246,11 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         _error(err, str(exc))
         return EXIT_LIVELOCK
     except ReplayDeadEnd as exc:
+        from model.replay.dead_end import diagnose_dead_end
+
         _error(err, exc.message)
+        for d in diagnose_dead_end(exc.stuck):  # LIVE-6
+            err.print(f"  why: {d.text}", highlight=False, soft_wrap=True)
         return EXIT_DEAD_END
     except ReplayError as exc:
         _error(err, exc.message)

@@ -139,7 +139,8 @@ class _AggRun:
             if nxt is None:
                 n = self.pool.in_flight()
                 raise ReplayDeadEnd(
-                    f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-16"
+                    f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-16",
+                    stuck=self.pool.stuck(),
                 )
             self.advance_now(nxt)
             self.drain_current_timestamp()

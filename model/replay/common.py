@@ -33,12 +33,14 @@ class ReplayError(ModelError):
 class ReplayDeadEnd(ReplayError):
     """DRV-8 / DIS-12: nothing left to do while requests are still in flight.
 
-    ``message`` is upstream's text; ``in_flight`` its count.
+    ``message`` is upstream's text; ``in_flight`` its count; ``stuck`` the workers that still hold
+    requests (:class:`model.replay.dead_end.StuckWorker`), which LIVE-6 explains.
     """
 
-    def __init__(self, message: str, in_flight: int, *, rule: str) -> None:
+    def __init__(self, message: str, in_flight: int, *, rule: str, stuck: Tuple[Any, ...] = ()) -> None:
         super().__init__(message, rule=rule)
         self.in_flight = in_flight
+        self.stuck = stuck
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,6 +168,13 @@ class Pool:
 
     def is_drained(self) -> bool:
         return all(w.is_drained() for w in self.workers)
+
+    def stuck(self) -> Tuple[Any, ...]:
+        """LIVE-6: the workers whose core still holds requests, for a dead end's diagnosis."""
+        from .dead_end import StuckWorker
+
+        return tuple(StuckWorker(self.stage, w.idx, w.core, self.args) for w in self.workers
+                     if not C.is_drained(w.core))
 
     def drive_ready(self, now_ms: float, on_pass: Optional[Callable[[Worker, Any], None]] = None) -> Optional[PassEffects]:
         """DRV-6: run one pass on the first ready worker (id order) that makes progress.

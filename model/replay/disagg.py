@@ -625,7 +625,8 @@ class _DisaggRun:
             if nxt is None:
                 n = self.logical_in_flight
                 raise ReplayDeadEnd(
-                    f"offline disagg replay reached a dead end with {n} in-flight requests remaining", n, rule="DIS-15"
+                    f"offline disagg replay reached a dead end with {n} in-flight requests remaining", n, rule="DIS-15",
+                    stuck=self.prefill.stuck() + self.decode.stuck(),
                 )
             self.advance_now(nxt)
             self.drain_current_timestamp()

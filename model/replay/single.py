@@ -84,8 +84,11 @@ def run_single(
             no_progress += 1
             if no_progress >= MAX_CONSECUTIVE_NO_PROGRESS_PASSES and not C.is_empty(core):
                 n = C.num_requests(core)
+                from .dead_end import StuckWorker
+
                 raise ReplayDeadEnd(
-                    f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-11"
+                    f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-11",
+                    stuck=(StuckWorker("aggregated", 0, core, args),),
                 )
         # LIVE-1: a quiet pass at constant time (no output, no completion)
         if now == start and not res.output_signals and res.completed_requests == 0:
