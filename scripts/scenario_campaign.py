@@ -22,7 +22,9 @@ scenario (:func:`minimize`: fewer requests, engine options and adversarial flags
 outputs, a smaller pool, while the group's property still fails in a state of the same shape and in
 no more steps, so that shrinking cannot slide into a different, trivial defect such as a request
 larger than the pool) and records which of its requests show the property on their own (``alone``:
-empty for a defect of the requests' interaction; a request listed there fails even by itself). Per
+empty for a defect of the requests' interaction; a request listed there fails even by itself). A deadlock group also gets
+the replay's dead-end diagnosis of the state it stops in (``cause``, spec/replay.md LIVE-6), which
+names S6, S9's retraction or S8's half-prefilled head when the state is one of them. Per
 group the
 script prints how many scenarios showed it and keeps the one with the shortest counterexample. With
 ``--out`` it writes that scenario as ``<group>.json`` (loadable by ``mocker-spec explore``) and a
@@ -46,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from explorer import ScenarioError, explore, scenario_from_dict  # noqa: E402
 from explorer.outputs import step_names  # noqa: E402
+from explorer.replay import replay_steps  # noqa: E402
 from explorer.search import graph_of  # noqa: E402
 from explorer.scenario import ADVERSARIAL_FLAGS  # noqa: E402
 
@@ -185,6 +188,15 @@ def alone(raw: Dict[str, Any], kind: str):
     return [r["id"] for r in raw["requests"] if _shows(dict(raw, requests=[r]), kind, None) is not None]
 
 
+def dead_end_cause(raw: Dict[str, Any], exploration, v) -> str:
+    """LIVE-6's cause for the core a deadlock counterexample ends in (replayed step by step)."""
+    from model.replay.dead_end import StuckWorker, diagnose_stuck
+
+    sc = scenario_from_dict(raw)
+    core = replay_steps(sc, step_names(exploration, v)).cores[-1]
+    return diagnose_stuck(StuckWorker("scenario", 0, core, sc.args)).cause
+
+
 def group_name(kind: str, engine: str, mode: str, shape: str | None) -> str:
     """``kind-engine-mode``, with ``--by-shape`` followed by eight hex digits of the shape's SHA-1."""
     name = f"{kind}-{engine}-{mode}"
@@ -271,7 +283,7 @@ def main(argv=None) -> int:
                    "minimized": a.minimize,
                    "incomplete": incomplete,
                    "groups": {n: {k: g[k] for k in ("scenarios", "steps", "shape", "message", "counterexample",
-                                                    "alone") if k in g}
+                                                    "alone", "cause") if k in g}
                               for n, g in sorted(groups.items())}}
         (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
@@ -292,6 +304,8 @@ def _minimized(groups: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
             v = exp.violation(kind)
             out[name] = dict(g, steps=v.length, scenario=raw, message=v.message,
                              counterexample=step_names(exp, v), alone=alone(raw, kind))
+            if kind == "deadlock":
+                out[name]["cause"] = dead_end_cause(raw, exp, v)
             progress.advance(task)
     return out
 
