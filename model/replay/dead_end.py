@@ -62,6 +62,11 @@ CAUSES = (
 )
 
 
+def _is_sglang(core) -> bool:
+    """SGLang cores keep their requests in queues and look them up by id (``find``)."""
+    return hasattr(core, "find")
+
+
 def head_payload(core) -> Optional[DirectRequest]:
     """The head of ``core``'s waiting queue as a plain request (its prompt and output budget), or
     ``None`` when nothing waits. vLLM and TRT-LLM keep a sequence per request, SGLang the request."""
@@ -69,12 +74,11 @@ def head_payload(core) -> Optional[DirectRequest]:
     if not waiting:
         return None
     uuid = waiting[0]
-    requests = getattr(core, "requests", None)
-    if isinstance(requests, dict) or hasattr(requests, "get"):  # vLLM / TRT-LLM: uuid -> request
-        seq = requests[uuid].sequence
-        return DirectRequest(tuple(seq.prompt), seq.max_output_tokens, uuid=uuid)
-    req = core.find(uuid)  # SGLang
-    return DirectRequest(tuple(req.prompt), req.max_output_tokens, uuid=uuid)
+    if _is_sglang(core):
+        req = core.find(uuid)
+        return DirectRequest(tuple(req.prompt), req.max_output_tokens, uuid=uuid)
+    seq = core.requests[uuid].sequence  # vLLM / TRT-LLM: a map from id to request
+    return DirectRequest(tuple(seq.prompt), seq.max_output_tokens, uuid=uuid)
 
 
 def completes_alone(args: EngineArgs, request: DirectRequest) -> bool:
@@ -120,12 +124,12 @@ def diagnose_stuck(w: StuckWorker) -> DeadEndDiagnosis:
 
     head = head_payload(core)
     if head is None:
-        return made("no_waiting_request", f"nothing waits or runs; it holds reservations or held sources "
-                                          f"for other workers ({units})")
+        return made("no_waiting_request", f"no request waits ({len(running)} running); it holds reservations "
+                                          f"or held sources for other workers ({units})")
     name = head.uuid.value
     status = C.request_status(core, head.uuid)
     n = len(waiting)
-    is_sglang = hasattr(core, "find")
+    is_sglang = _is_sglang(core)
     if is_sglang and not running and head.uuid in active and status == "waiting(fresh)":
         alone = "passes" if completes_alone(w.args, head) else "fails even"
         return made("retracted_destination",
