@@ -39,17 +39,35 @@ def summary(exp: Exploration) -> Dict[str, Any]:
         "states_per_s": round(exp.states_per_s, 1),
         "bytes_per_state": None if exp.bytes_per_state is None else round(exp.bytes_per_state),
         "coverage": cov,
-        "violations": [
-            {"kind": v.kind, "name": v.name, "message": v.message, "steps": v.length,
-             "loop": v.loop_index, "occurrences": v.occurrences, "trace": step_names(exp, v)}
-            for v in exp.violations
-        ],
+        "violations": [_violation_summary(exp, v) for v in exp.violations],
     }
+
+
+def _violation_summary(exp: Exploration, v: Violation) -> Dict[str, Any]:
+    out = {"kind": v.kind, "name": v.name, "message": v.message, "steps": v.length,
+           "loop": v.loop_index, "occurrences": v.occurrences, "trace": step_names(exp, v)}
+    d = deadlock_diagnosis(exp, v)
+    if d is not None:
+        out["cause"] = d.cause
+    return out
 
 
 def step_names(exp: Exploration, v: Violation) -> List[str]:
     g = graph_of(v, exp)
     return [exp.scenario.actions[g.edges[e].action].name for e in v.steps()]
+
+
+def deadlock_diagnosis(exp: Exploration, v: Violation):
+    """MC-48: the replay's dead-end diagnosis (spec/replay.md LIVE-6) of the core a deadlock
+    counterexample ends in, replayed step by step (MC-46); None for other kinds."""
+    if v.kind != "deadlock":
+        return None
+    from model.replay.dead_end import StuckWorker, diagnose_stuck
+
+    from .replay import replay_steps
+
+    core = replay_steps(exp.scenario, step_names(exp, v)).cores[-1]
+    return diagnose_stuck(StuckWorker("scenario", 0, core, exp.scenario.args))
 
 
 def steps_text(exp: Exploration, v: Violation) -> str:
@@ -217,3 +235,7 @@ def print_report(exp: Exploration, console) -> None:
         console.print(f"[red]violation[/] ({v.occurrences} occurrence(s)); shortest counterexample, {v.length} step(s):",
                       highlight=False)
         console.print(steps_text(exp, v), highlight=False, soft_wrap=True, markup=False)
+        d = deadlock_diagnosis(exp, v)
+        if d is not None:
+            console.print(f"  why ({d.cause}): {d.text.split(': ', 1)[1]}", highlight=False, soft_wrap=True,
+                          markup=False)

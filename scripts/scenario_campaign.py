@@ -47,8 +47,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from explorer import ScenarioError, explore, scenario_from_dict  # noqa: E402
-from explorer.outputs import step_names  # noqa: E402
-from explorer.replay import replay_steps  # noqa: E402
+from explorer.outputs import deadlock_diagnosis, step_names  # noqa: E402
 from explorer.search import graph_of  # noqa: E402
 from explorer.scenario import ADVERSARIAL_FLAGS  # noqa: E402
 
@@ -188,15 +187,6 @@ def alone(raw: Dict[str, Any], kind: str):
     return [r["id"] for r in raw["requests"] if _shows(dict(raw, requests=[r]), kind, None) is not None]
 
 
-def dead_end_cause(raw: Dict[str, Any], exploration, v) -> str:
-    """LIVE-6's cause for the core a deadlock counterexample ends in (replayed step by step)."""
-    from model.replay.dead_end import StuckWorker, diagnose_stuck
-
-    sc = scenario_from_dict(raw)
-    core = replay_steps(sc, step_names(exploration, v)).cores[-1]
-    return diagnose_stuck(StuckWorker("scenario", 0, core, sc.args)).cause
-
-
 def group_name(kind: str, engine: str, mode: str, shape: str | None) -> str:
     """``kind-engine-mode``, with ``--by-shape`` followed by eight hex digits of the shape's SHA-1."""
     name = f"{kind}-{engine}-{mode}"
@@ -305,7 +295,7 @@ def _minimized(groups: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
             out[name] = dict(g, steps=v.length, scenario=raw, message=v.message,
                              counterexample=step_names(exp, v), alone=alone(raw, kind))
             if kind == "deadlock":
-                out[name]["cause"] = dead_end_cause(raw, exp, v)
+                out[name]["cause"] = deadlock_diagnosis(exp, v).cause
             progress.advance(task)
     return out
 

@@ -102,6 +102,27 @@ def test_s6_shortest_form_is_a_fresh_head_in_front_of_an_activated_destination()
     assert roomy.complete and roomy.clean, [(x.kind, x.message) for x in roomy.violations]
 
 
+def test_s8_needs_the_pending_destination():
+    """MC-30 / S8 (SG-28): on the 18-slot pool P's first chunk (8) runs, D (12) cannot reserve the 10
+    slots left and stays pending, and no prefill batch runs behind it. Each request alone drains (by
+    hand: P's last chunk 8 + 1 output reserve < 10 free; D's 12 fit 18); the deadlock state gets
+    LIVE-6's half-prefilled-head cause (MC-48). On 16 slots P alone stops after its first chunk."""
+    from explorer.outputs import deadlock_diagnosis
+
+    path = LIB / "known-defects" / "s8-sglang-half-prefill-deadlock.json"
+    exp = explore(load_scenario(path))
+    v = exp.violation("deadlock")
+    assert step_names(exp, v) == ["submit(P)", "pass", "reserve(hD,D)"]
+    assert deadlock_diagnosis(exp, v).cause == "half_prefilled_head"
+    raw = json.loads(path.read_text())
+    for req in raw["requests"]:
+        alone = explore(scenario_from_dict(dict(raw, requests=[req], expect={"verdict": "clean"})))
+        assert alone.complete and alone.clean, (req["id"], [(x.kind, x.message) for x in alone.violations])
+    raw["engine"]["num_gpu_blocks"] = 16
+    p_alone = explore(scenario_from_dict(dict(raw, requests=[raw["requests"][0]], expect={"verdict": "clean"})))
+    assert p_alone.violation("deadlock") is not None
+
+
 def test_s9_retracted_destination_never_passes_the_fresh_admission_check():
     """MC-30 / S9 second half (SG-17, SG-12): A is retracted in the pass that promotes A and B, B
     finishes, and A waits as a fresh request whose prompt plus output reserve (3 + 2) never fits the

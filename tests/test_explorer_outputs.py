@@ -122,6 +122,21 @@ def test_cli_exit_codes_and_outputs(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_deadlock_report_and_summary_carry_the_dead_end_diagnosis(tmp_path, capsys):
+    """MC-48: the S6 fresh-head deadlock ends in the state LIVE-6 calls a blocked head before an
+    activated destination; the report prints it under the steps and summary.json records it.
+    Violations of other kinds get no cause (S7's livelock)."""
+    out = tmp_path / "out"
+    assert main(["explore", str(LIB / "known-defects" / "s6-vllm-fresh-head-deadlock.json"), "--out", str(out),
+                 "--no-progress"]) == 1
+    printed = capsys.readouterr().out
+    assert "  why (blocked_head_before_activated_destination): the head F " in printed
+    dead = [v for v in json.loads((out / "summary.json").read_text())["violations"] if v["kind"] == "deadlock"]
+    assert dead and dead[0]["cause"] == "blocked_head_before_activated_destination"
+    s7 = outputs.summary(explore(load_scenario(S7)))
+    assert s7["violations"] and all("cause" not in v for v in s7["violations"])
+
+
 @pytest.mark.parametrize("mutate,fragment", [
     (lambda d: d.pop("engine"), "engine"),
     (lambda d: d.update(extra=1), "unknown field"),

@@ -133,13 +133,3 @@ def test_minimize_option_writes_minimal_scenarios_that_still_show_their_group(tm
         assert ("cause" in g) == (kind == "deadlock"), name
 
 
-def test_dead_end_cause_of_the_s6_and_s9_deadlocks():
-    """The explorer's deadlock states get the replay's diagnosis (LIVE-6) of the defect they show."""
-    from explorer import load_scenario
-
-    camp = _campaign()
-    for name, cause in (("s6-vllm-fresh-head-deadlock", "blocked_head_before_activated_destination"),
-                        ("s9-sglang-retracted-destination-deadlock", "retracted_destination")):
-        raw = json.loads((ROOT / "spec" / "scenarios" / "known-defects" / f"{name}.json").read_text())
-        exp = explore(load_scenario(ROOT / "spec" / "scenarios" / "known-defects" / f"{name}.json"))
-        assert camp.dead_end_cause(raw, exp, exp.violation("deadlock")) == cause, name

@@ -148,10 +148,13 @@ def diagnose_stuck(w: StuckWorker) -> DeadEndDiagnosis:
                     f"(S6; {units})")
     part = core.find(head.uuid).materialized_tokens if is_sglang else 0
     if is_sglang and not running and part > 0:
+        why = ("a destination is pending, so no prefill batch runs (SG-28)" if led is not None
+               and led.pending_destinations.live_order() else
+               "its next chunk and output reserve never pass the admission check (SG-12)")
         return made("half_prefilled_head",
                     f"the head {name} was prefilled in part ({part} of {len(head.tokens)} prompt tokens) and "
-                    f"keeps those slots, but its next chunk and output reserve never pass the admission check, "
-                    f"though alone on an empty worker it completes (S8's mechanism; {units})")
+                    f"keeps those slots, but {why}, though alone on an empty worker it completes "
+                    f"(S8's mechanism; {units})")
     return made("interaction", f"the head {name} ({status}) completes alone but not here; "
                                f"{n} waiting, {len(running)} running ({units})")
 
