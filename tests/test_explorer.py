@@ -102,6 +102,25 @@ def test_s6_shortest_form_is_a_fresh_head_in_front_of_an_activated_destination()
     assert roomy.complete and roomy.clean, [(x.kind, x.message) for x in roomy.violations]
 
 
+#: S11's defect is its oversize request itself (SG-25 checks no size), so that request fails alone
+_ALONE_FAILS = {"s11-sglang-oversize-source-deadlock": {"P"}}
+
+
+@pytest.mark.parametrize("path", [p for p in KNOWN if json.loads(p.read_text())["expect"]["kind"] in
+                                  ("deadlock", "livelock", "starvation", "drained_pool_free")],
+                         ids=lambda p: p.stem)
+def test_known_defect_needs_its_requests_together(path):
+    """A known defect of liveness or leak kind is an interaction: each of its requests alone explores
+    without the scenario's violation (S11 excepted, by design), so the scenario cannot pass for a
+    configuration that never serves one request (what the 16-slot S8 scenario did)."""
+    raw = json.loads(path.read_text())
+    kind = raw["expect"]["kind"]
+    for req in raw["requests"]:
+        alone = explore(scenario_from_dict(dict(raw, requests=[req], expect={"verdict": "clean"})))
+        fails = alone.violation(kind) is not None
+        assert fails == (req["id"] in _ALONE_FAILS.get(path.stem, set())), (req["id"], kind)
+
+
 def test_s8_needs_the_pending_destination():
     """MC-30 / S8 (SG-28): on the 18-slot pool P's first chunk (8) runs, D (12) cannot reserve the 10
     slots left and stays pending, and no prefill batch runs behind it. Each request alone drains (by
@@ -114,10 +133,8 @@ def test_s8_needs_the_pending_destination():
     v = exp.violation("deadlock")
     assert step_names(exp, v) == ["submit(P)", "pass", "reserve(hD,D)"]
     assert deadlock_diagnosis(exp, v).cause == "half_prefilled_head"
+    # each request alone drains: test_known_defect_needs_its_requests_together
     raw = json.loads(path.read_text())
-    for req in raw["requests"]:
-        alone = explore(scenario_from_dict(dict(raw, requests=[req], expect={"verdict": "clean"})))
-        assert alone.complete and alone.clean, (req["id"], [(x.kind, x.message) for x in alone.violations])
     raw["engine"]["num_gpu_blocks"] = 16
     p_alone = explore(scenario_from_dict(dict(raw, requests=[raw["requests"][0]], expect={"verdict": "clean"})))
     assert p_alone.violation("deadlock") is not None
