@@ -59,15 +59,18 @@ def step_names(exp: Exploration, v: Violation) -> List[str]:
 
 def deadlock_diagnosis(exp: Exploration, v: Violation):
     """MC-48: the replay's dead-end diagnosis (spec/replay.md LIVE-6) of the core a deadlock
-    counterexample ends in, replayed step by step (MC-46); None for other kinds."""
+    counterexample ends in, replayed step by step (MC-46); None for other kinds. Kept on the
+    violation, so the report and summary.json share one counterfactual run."""
     if v.kind != "deadlock":
         return None
-    from model.replay.dead_end import StuckWorker, diagnose_stuck
+    if v.diagnosis is None:
+        from model.replay.dead_end import StuckWorker, diagnose_stuck
 
-    from .replay import replay_steps
+        from .replay import replay_steps
 
-    core = replay_steps(exp.scenario, step_names(exp, v)).cores[-1]
-    return diagnose_stuck(StuckWorker("scenario", 0, core, exp.scenario.args))
+        core = replay_steps(exp.scenario, step_names(exp, v)).cores[-1]
+        v.diagnosis = diagnose_stuck(StuckWorker("scenario", 0, core, exp.scenario.args))
+    return v.diagnosis
 
 
 def steps_text(exp: Exploration, v: Violation) -> str:

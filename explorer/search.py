@@ -63,6 +63,8 @@ class Violation:
     occurrences: int = 1
     #: the exploration whose node and edge numbers this violation uses, when not the reported one
     graph: Optional["Exploration"] = attrs.field(default=None, eq=False, repr=False)
+    #: MC-48: a deadlock's dead-end diagnosis, computed once by ``outputs.deadlock_diagnosis``
+    diagnosis: Optional[object] = attrs.field(default=None, eq=False, repr=False)
 
     def steps(self) -> List[int]:
         out = list(self.prefix)

@@ -12,13 +12,12 @@ import pathlib
 import pytest
 
 from explorer import explore, load_scenario
-from explorer.outputs import step_names
-from explorer.replay import replay_steps
+from explorer.outputs import deadlock_diagnosis
 from model import core as C
 from model.engine_args import engine_args_from_json
 from model.protocol import DirectRequest
 from model.replay import ReplayDeadEnd, run_replay
-from model.replay.dead_end import CAUSES, StuckWorker, completes_alone, diagnose_dead_end, diagnose_stuck
+from model.replay.dead_end import CAUSES, completes_alone, diagnose_dead_end
 from mocker_spec import cli
 from mocker_spec.reference import setup_from_job, workload_from_job
 
@@ -103,11 +102,8 @@ def test_completes_alone_counterfactual():
 def test_explorer_deadlock_states_get_the_same_cause(name, cause):
     """The explorer's shortest deadlock of each known-defect scenario, replayed step by step, ends
     in a core that LIVE-6 classifies as the defect the scenario stands for."""
-    sc = load_scenario(KNOWN / f"{name}.json")
-    exp = explore(sc)
-    steps = step_names(exp, exp.violation("deadlock"))
-    core = replay_steps(sc, steps).cores[-1]
-    d = diagnose_stuck(StuckWorker("decode", 0, core, sc.args))
+    exp = explore(load_scenario(KNOWN / f"{name}.json"))
+    d = deadlock_diagnosis(exp, exp.violation("deadlock"))
     assert d.cause == cause, d.text
     assert d.cause in CAUSES
 

@@ -19,6 +19,8 @@ from model.engine_args import EngineArgs
 from model.errors import ModelError
 from model.protocol import DirectRequest, Submit
 
+from .common import made_progress
+
 __all__ = ["StuckWorker", "DeadEndDiagnosis", "CAUSES", "diagnose_stuck", "diagnose_dead_end", "completes_alone",
            "head_payload"]
 
@@ -87,8 +89,6 @@ def completes_alone(args: EngineArgs, request: DirectRequest) -> bool:
     completes it without rejecting it, VLLM-13 / SG-25 reject a prompt the pool can never hold).
     False when it is rejected, when QUIET_PASSES passes in a row make no progress (DRV-6's notion)
     or when MAX_ALONE_PASSES pass without draining."""
-    from .common import made_progress
-
     core = C.new_core(args)
     try:
         core, _ = C.apply_command(core, Submit(request))
@@ -146,8 +146,8 @@ def diagnose_stuck(w: StuckWorker) -> DeadEndDiagnosis:
                     f"the head {name} ({status}) does not fit now though it completes alone on an empty "
                     f"worker, and {len(behind)} activated destination(s) behind it hold the blocks it needs "
                     f"(S6; {units})")
-    part = core.find(head.uuid).materialized_tokens if is_sglang else 0
-    if is_sglang and not running and part > 0:
+    part = core.find(head.uuid).materialized_tokens if is_sglang and not running else 0
+    if part > 0:
         why = ("a destination is pending, so no prefill batch runs (SG-28)" if led is not None
                and led.pending_destinations.live_order() else
                "its next chunk and output reserve never pass the admission check (SG-12)")

@@ -16,6 +16,7 @@ from model.workload import ReplayRequest
 
 from .admission import Admission, record_visible_pass, to_direct
 from .common import ReplayDeadEnd, ReplayError
+from .dead_end import StuckWorker
 from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
 
 #: DRV-11: consecutive no-progress passes before the dead-end error (single.rs:26)
@@ -84,8 +85,6 @@ def run_single(
             no_progress += 1
             if no_progress >= MAX_CONSECUTIVE_NO_PROGRESS_PASSES and not C.is_empty(core):
                 n = C.num_requests(core)
-                from .dead_end import StuckWorker
-
                 raise ReplayDeadEnd(
                     f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-11",
                     stuck=(StuckWorker("aggregated", 0, core, args),),
