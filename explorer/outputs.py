@@ -139,6 +139,20 @@ def _ident(text: str) -> str:
     return re.sub(r"[^0-9a-zA-Z_]+", "_", text).strip("_").lower() or "x"
 
 
+def _distinct(stems) -> List[str]:
+    """MC-47: the stems in order, each repeated one suffixed ``-2``, ``-3``... so no file
+    overwrites another."""
+    used: set = set()
+    out = []
+    for base in stems:
+        stem, n = base, 2
+        while stem in used:
+            stem, n = f"{base}-{n}", n + 1
+        used.add(stem)
+        out.append(stem)
+    return out
+
+
 def pytest_source(exp: Exploration, v: Violation) -> str:
     """MC-46: a self-contained pytest module that replays the counterexample against the model."""
     sc = exp.scenario
@@ -182,8 +196,8 @@ def write_outputs(exp: Exploration, out_dir, formats) -> List[str]:
         written.append(str(p))
 
     put("summary.json", json.dumps(summary(exp), indent=2) + "\n")
-    for v in exp.violations:
-        stem = f"{v.kind}-{_ident(v.name)}" if v.name != v.kind else v.kind
+    stems = _distinct(f"{v.kind}-{_ident(v.name)}" if v.name != v.kind else v.kind for v in exp.violations)
+    for v, stem in zip(exp.violations, stems):
         put(f"{stem}.txt", steps_text(exp, v) + "\n")
         if "itf" in formats:
             put(f"{stem}.itf.json", json.dumps(itf_trace(exp, v), indent=1) + "\n")
@@ -199,12 +213,13 @@ def write_outputs(exp: Exploration, out_dir, formats) -> List[str]:
         put("states.json", json.dumps(graphs.to_node_link(g)) + "\n")
     if "mermaid" in formats:
         put("states.mmd", graphs.to_mermaid(g))
-    for h in graphs.handoff_keys(exp):
+    handoffs = list(graphs.handoff_keys(exp))
+    for h, stem in zip(handoffs, _distinct(_ident(h) for h in handoffs)):
         q = graphs.quotient(exp, h)
         if "dot" in formats:
-            put(f"quotient-{_ident(h)}.dot", graphs.quotient_to_dot(q))
+            put(f"quotient-{stem}.dot", graphs.quotient_to_dot(q))
         if "mermaid" in formats:
-            put(f"quotient-{_ident(h)}.mmd", graphs.to_mermaid(q, state_diagram=True))
+            put(f"quotient-{stem}.mmd", graphs.to_mermaid(q, state_diagram=True))
     return written
 
 
@@ -214,10 +229,13 @@ def print_report(exp: Exploration, console) -> None:
 
     s = summary(exp)
     state = "complete" if exp.complete else f"incomplete ({exp.truncated_by})"
-    console.print(
-        f"[bold]{s['scenario']}[/] ({s['engine']}): {s['states']} states, {s['transitions']} transitions, "
+    from rich.text import Text
+
+    console.print(Text.assemble(
+        (str(s["scenario"]), "bold"),
+        f" ({s['engine']}): {s['states']} states, {s['transitions']} transitions, "
         f"depth {s['depth']}, {state}; {s['elapsed_s']} s, {s['states_per_s']} states/s"
-        + (f", ~{s['bytes_per_state']} B/state" if s["bytes_per_state"] is not None else ""),
+        + (f", ~{s['bytes_per_state']} B/state" if s["bytes_per_state"] is not None else "")),
         highlight=False, soft_wrap=True)
     if exp.symmetry is not None:
         console.print(f"symmetry: classes {s['symmetry']['classes']} (safety checks on the reduced graph; "
@@ -228,7 +246,7 @@ def print_report(exp: Exploration, console) -> None:
     for col in ("action", "coop", "enabled", "fired", "rejected", "new states"):
         t.add_column(col)
     for name, c in s["coverage"].items():
-        t.add_row(name, "yes" if c["cooperative"] else "no", str(c["enabled"]), str(c["fired"]), str(c["rejected"]),
+        t.add_row(Text(name), "yes" if c["cooperative"] else "no", str(c["enabled"]), str(c["fired"]), str(c["rejected"]),
                   str(c["new_states"]))
     console.print(t)
     if not exp.violations:

@@ -1,7 +1,8 @@
 """The ``mocker-spec`` command line.
 
 Exit status: 0 ok, 1 a check found a problem (``diff``: the outputs differ), 2 bad input (bad
-arguments included; nothing is written), 3 the replay reached a dead end, 4 the replay entered a
+arguments and output paths included: one line on standard error naming the flag or field and its
+value, checked before anything runs; nothing is written), 3 the replay reached a dead end, 4 the replay entered a
 livelock (where the compiled engine spins forever; a diagnosis is printed).
 """
 
@@ -13,6 +14,8 @@ from typing import List, Optional
 
 from rich.console import Console
 from rich.table import Table
+
+from . import messages
 
 
 def _transition_tables():
@@ -107,6 +110,10 @@ def _job_from_args(args: argparse.Namespace) -> dict:
         raise _BadInput(f"{missing[0]}=None: synthetic replay requires --input-tokens, --output-tokens and --num-requests")
     if args.report_jsonl is not None and args.trace_file is None:
         raise _BadInput(f"--report-jsonl={args.report_jsonl!r}: the per-request report only supports trace-file replay")
+    for flag, path in (("--report-jsonl", args.report_jsonl), ("--summary-json", getattr(args, "summary_json", None))):
+        problem = None if path is None else messages.output_file_problem(path)
+        if problem:
+            raise _BadInput(f"{flag}={path!r}: {problem}")
     extra = _load_engine_args_text("--extra-engine-args", args.extra_engine_args)
     prefill = _load_engine_args_text("--prefill-engine-args", args.prefill_engine_args)
     decode = _load_engine_args_text("--decode-engine-args", args.decode_engine_args)
@@ -150,6 +157,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise _BadInput(f"--arrival-speedup-ratio={r}: must be finite and greater than 0")
     if args.replay_concurrency is not None and args.replay_concurrency < 1:
         raise _BadInput(f"--replay-concurrency={args.replay_concurrency}: must be at least 1")
+    timeout = getattr(args, "timeout", None)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise _BadInput(f"--timeout={timeout}: must be finite and greater than 0")
     if args.router_mode == "kv_router":
         raise _BadInput("--router-mode='kv_router': not supported yet (the model has no KV router); use round_robin")
 
@@ -205,10 +215,6 @@ def _summary_table(summary, title: str) -> Table:
     return table
 
 
-def _error(console: Console, text: str) -> None:
-    console.print(f"[bold red]error:[/] {text}", highlight=False, soft_wrap=True)
-
-
 def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     """Run the oracle on a trace file or synthetic requests; print the summary; write the outputs."""
     import gc
@@ -223,7 +229,7 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     try:
         job, setup, workload = _prepare(args)
     except _BadInput as exc:
-        _error(err, str(exc))
+        messages.error(str(exc))
         return EXIT_BAD_INPUT
     total = len(workload.requests)
     started = time.perf_counter()
@@ -243,17 +249,17 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         else:
             col = run_replay(setup, workload)
     except ReplayLivelock as exc:
-        _error(err, str(exc))
+        messages.error(str(exc))
         return EXIT_LIVELOCK
     except ReplayDeadEnd as exc:
         from model.replay.dead_end import diagnose_dead_end
 
-        _error(err, exc.message)
+        messages.error(exc.message)
         for d in diagnose_dead_end(exc.stuck):  # LIVE-6
-            err.print(f"  why: {d.text}", highlight=False, soft_wrap=True)
+            messages.say(err, f"  why: {d.text}")
         return EXIT_DEAD_END
     except ReplayError as exc:
-        _error(err, exc.message)
+        messages.error(exc.message)
         return 1
     finally:
         gc.set_threshold(*gc_thresholds)
@@ -272,18 +278,17 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     """Compare the oracle with the compiled reference (live, or the recorded corpus)."""
     from .reference import case_dirs, check_case, compare, run_model, run_reference, synthetic_as_trace_rows
 
-    err = Console(stderr=True)
     if args.corpus is not None:
         import os
 
         if not os.path.isdir(args.corpus):
-            _error(err, f"--corpus={args.corpus!r}: not a directory")
+            messages.error(f"--corpus={args.corpus!r}: not a directory")
             return EXIT_BAD_INPUT
         dirs = case_dirs(args.corpus)
         if not dirs:
-            _error(err, f"--corpus={args.corpus!r}: no case directories (case.json) found")
+            messages.error(f"--corpus={args.corpus!r}: no case directories (case.json) found")
             return EXIT_BAD_INPUT
-        table = Table(title=f"mocker-spec diff --corpus {args.corpus}")
+        table = Table(title=messages.literal(f"mocker-spec diff --corpus {args.corpus}"))
         for c in ("case", "mode", "engine", "result", "detail"):
             table.add_column(c)
         same = 0
@@ -295,9 +300,11 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
             engine = (case.get("engine_args") or case.get("prefill_engine_args") or {}).get("engine_type", "vllm")
             if div is None:
                 same += 1
-                table.add_row(d.name, case.get("mode", "?"), engine, "identical", "" if ref.status == "ok" else ref.status)
+                table.add_row(*map(messages.literal, (d.name, str(case.get("mode", "?")), str(engine), "identical",
+                                                      "" if ref.status == "ok" else ref.status)))
             else:
-                table.add_row(d.name, case.get("mode", "?"), engine, "[red]differs[/]", div.describe())
+                table.add_row(*map(messages.literal, (d.name, str(case.get("mode", "?")), str(engine))),
+                              messages.literal("differs", "red"), messages.literal(div.describe()))
         console.print(table)
         console.print(f"{same}/{len(dirs)} identical")
         return EXIT_OK if same == len(dirs) else EXIT_DIFF
@@ -305,7 +312,7 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     try:
         job, setup, workload = _prepare(args)
     except _BadInput as exc:
-        _error(err, str(exc))
+        messages.error(str(exc))
         return EXIT_BAD_INPUT
     import json
     import os
@@ -324,15 +331,15 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
             ref_job.update(trace_file=path, trace_block_size=1, arrival_speedup_ratio=1.0)
             note = " (synthetic requests replayed as an equivalent trace with trace_block_size 1)"
         ref = run_reference(ref_job, timeout_s=args.timeout)
-    console.print(f"model: {ours.label()}", highlight=False, soft_wrap=True)
-    console.print(f"reference{note}: {ref.label()}", highlight=False, soft_wrap=True)
+    messages.say(console, f"model: {ours.label()}")
+    messages.say(console, f"reference{note}: {ref.label()}")
     if ref.status == "error" and ref.message.startswith("compiled reference not installed"):
         return EXIT_BAD_INPUT
     div = compare(ours, ref)
     if div is None:
-        console.print("identical" if ours.status == "ok" else f"agree: model {ours.status}, reference {ref.status}")
+        messages.say(console, "identical" if ours.status == "ok" else f"agree: model {ours.status}, reference {ref.status}")
         return EXIT_OK
-    console.print(div.describe(), highlight=False, soft_wrap=True)
+    messages.say(console, div.describe())
     return EXIT_DIFF
 
 
@@ -362,11 +369,23 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
 
     from .casegen import write_cases
 
+    import math
+
     if args.count < 1:
-        _error(console, f"--count={args.count}: must be at least 1")
+        messages.error(f"--count={args.count}: must be at least 1")
+        return 2
+    if args.start < 0:
+        messages.error(f"--start={args.start}: must be >= 0")
+        return 2
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        messages.error(f"--timeout={args.timeout}: must be finite and greater than 0")
+        return 2
+    problem = messages.output_dir_problem(args.out)
+    if problem:
+        messages.error(f"--out={args.out!r}: {problem}")
         return 2
     dirs = write_cases(Path(args.out), args.seed, args.count, args.start)
-    console.print(f"wrote {len(dirs)} cases under {args.out}")
+    messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
     from .reference import record_case
@@ -377,7 +396,7 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
         for d in dirs:
             status = record_case(d, timeout_s=args.timeout)
             if status.startswith("error: compiled reference not installed"):
-                _error(console, "the compiled reference is not installed (pip install -e '.[reference]')")
+                messages.error("the compiled reference is not installed (pip install -e '.[reference]')")
                 return 2
             key = status if not status.startswith("error") else "error"
             counts[key] = counts.get(key, 0) + 1

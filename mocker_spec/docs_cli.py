@@ -14,19 +14,19 @@ from rich.console import Console
 
 def cmd_docs(args: argparse.Namespace, console: Console) -> int:
     """Regenerate the generated documentation (docs/generated/); with --check, only compare."""
-    from . import docs_gen
+    from . import docs_gen, messages
 
     root = pathlib.Path(args.root) if args.root else docs_gen.ROOT
     if not (root / "spec").is_dir() or not (root / "model").is_dir():
-        console.print(f"[red]not a project root[/] (no spec/ and model/): {root}", highlight=False)
+        messages.error(f"--root={str(root)!r}: not a project root (no spec/ and model/)")
         return 2
     parts = None
     if args.only:
         parts = set(args.only)
         bad = sorted(p for p in parts if p not in docs_gen.PARTS and not p.startswith("lifecycle:"))
         if bad:
-            console.print(f"[red]unknown part(s)[/]: {', '.join(bad)} (choose from {', '.join(docs_gen.PARTS)}, "
-                          "lifecycle:<scenario>)", highlight=False)
+            messages.error(f"--only={bad[0]!r}: unknown part (choose from {', '.join(docs_gen.PARTS)}, "
+                           "lifecycle:<scenario>)")
             return 2
     if args.check:
         stale = docs_gen.check(root, parts)

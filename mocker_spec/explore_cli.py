@@ -17,15 +17,24 @@ def cmd_explore(args: argparse.Namespace, console: Console) -> int:
     from explorer import ScenarioError, explore, load_scenario
     from explorer import outputs
 
+    from . import messages
+
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as err:
-        console.print(f"[red]bad scenario[/]: {err}", highlight=False, soft_wrap=True)
+        messages.error(str(err), label="bad scenario")
         return 2
     formats = [f.strip() for f in (args.format or "").split(",") if f.strip()]
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
-        console.print(f"[red]unknown format(s)[/]: {', '.join(unknown)} (choose from {', '.join(FORMATS)})")
+        messages.error(f"--format={unknown[0]!r}: unknown format (choose from {', '.join(FORMATS)})")
+        return 2
+    if args.max_states is not None and args.max_states < 1:
+        messages.error(f"--max-states={args.max_states}: must be at least 1")
+        return 2
+    problem = None if args.out is None else messages.output_dir_problem(args.out)
+    if problem:
+        messages.error(f"--out={args.out!r}: {problem}")
         return 2
     try:
         exp = explore(
@@ -35,13 +44,13 @@ def cmd_explore(args: argparse.Namespace, console: Console) -> int:
             progress=not args.no_progress and console.is_terminal,
         )
     except ImportError as err:
-        console.print(f"[red]no {scenario.engine_type} core in this model yet[/]: {err}", highlight=False)
+        messages.error(f"no {scenario.engine_type} core in this model yet: {err}")
         return 2
     outputs.print_report(exp, console)
     if args.out:
         written = outputs.write_outputs(exp, args.out, formats or list(FORMATS))
         for path in written:
-            console.print(f"wrote {path}", highlight=False)
+            messages.say(console, f"wrote {path}")
     return 1 if exp.violations else 0
 
 

@@ -14,13 +14,8 @@ from typing import List
 
 from rich.console import Console
 
-
-def _say(console: Console, text: str) -> None:
-    console.print(text, highlight=False, soft_wrap=True, markup=False)
-
-
-def _error(text: str) -> None:
-    Console(stderr=True).print(f"error: {text}", highlight=False, soft_wrap=True, markup=False)
+from . import messages
+from .messages import say as _say
 
 
 def _trace_files(paths: List[str]) -> List[Path]:
@@ -42,12 +37,12 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from . import steptrace as S
 
     if args.rel_tol < 0:
-        _error(f"--rel-tol={args.rel_tol}: must be >= 0")
+        messages.error(f"--rel-tol={args.rel_tol}: must be >= 0")
         return 2
     try:
         files = _trace_files(args.trace)
     except ValueError as exc:
-        _error(str(exc))
+        messages.error(str(exc))
         return 2
     single = len(files) == 1
     diverged = bad = 0
@@ -56,7 +51,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
             report = S.check_trace(S.read_trace(f), rel_tol=args.rel_tol)
         except S.BadTrace as exc:
             bad += 1
-            _error(f"bad trace {f}: {exc}" if not single else f"bad trace: {exc}")
+            messages.error(f"bad trace {f}: {exc}" if not single else f"bad trace: {exc}")
             continue
         if report.conforms:
             if single or args.verbose:
@@ -85,21 +80,21 @@ def cmd_vectors(args: argparse.Namespace, console: Console) -> int:
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     unknown = [e for e in engines if e not in V.ENGINES]
     if not engines or unknown:
-        _error(f"--engine={args.engine!r}: choose from {', '.join(V.ENGINES)} (comma-separated)")
+        messages.error(f"--engine={args.engine!r}: choose from {', '.join(V.ENGINES)} (comma-separated)")
         return 2
     if args.max_states < 1:
-        _error(f"--max-states={args.max_states}: must be at least 1")
+        messages.error(f"--max-states={args.max_states}: must be at least 1")
         return 2
     if args.sequences < 0:
-        _error(f"--sequences={args.sequences}: must be >= 0")
+        messages.error(f"--sequences={args.sequences}: must be >= 0")
         return 2
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        _error(f"--out={args.out!r}: exists and is not an empty directory")
+        messages.error(f"--out={args.out!r}: exists and is not an empty directory")
         return 2
     root = Path(args.scenarios) if args.scenarios else V.default_scenario_root()
     if not root.is_dir():
-        _error(f"--scenarios={str(root)!r}: not a directory")
+        messages.error(f"--scenarios={str(root)!r}: not a directory")
         return 2
     names = None
     if args.scenario:
@@ -107,7 +102,7 @@ def cmd_vectors(args: argparse.Namespace, console: Console) -> int:
         known = {obj.get("name") for _, obj in V.library(root)}
         missing = [n for n in names if n not in known]
         if missing:
-            _error(f"--scenario={missing[0]!r}: no such scenario in the library")
+            messages.error(f"--scenario={missing[0]!r}: no such scenario in the library")
             return 2
     progress = None
     if console.is_terminal and not args.no_progress:

@@ -417,9 +417,9 @@ def main(args, console) -> int:
     from .reference import case_dirs
 
     def err(text: str) -> int:
-        from rich.console import Console
+        from .messages import error
 
-        Console(stderr=True).print(f"error: {text}", highlight=False, soft_wrap=True, markup=False)
+        error(text)
         return 2
 
     if args.timeout <= 0 or not math.isfinite(args.timeout):

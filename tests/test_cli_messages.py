@@ -1,0 +1,122 @@
+"""Bad input and user text on the command line: one line on stderr, exit status 2, nothing written
+(README "Bad input"); text from files and flags is printed as is, never read as rich markup
+(mocker_spec/messages.py); explore's file names never overwrite one another (MC-47)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mocker_spec.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "spec" / "scenarios"
+S7 = LIB / "known-defects" / "s7-vllm-zero-time-livelock.json"
+TRACE = ROOT / "tests" / "goldens" / "refcases" / "case-1-000" / "trace.jsonl"
+
+
+def _one_error_line(capsys, *fragments):
+    cap = capsys.readouterr()
+    lines = [line for line in cap.err.splitlines() if line.strip()]
+    assert len(lines) == 1, cap.err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    assert "Traceback" not in cap.err and "error" not in cap.out.lower()
+    return lines[0]
+
+
+@pytest.mark.parametrize("value", ["[/x]", "[bold]"])
+def test_markup_like_engine_arg_is_reported_literally(capsys, value):
+    # before: "[/x]" raised rich's MarkupError (a traceback, exit 1) and "[bold]" vanished
+    args = json.dumps({"block_size": value})
+    assert main(["replay", str(TRACE), "--extra-engine-args", args, "--no-progress"]) == 2
+    _one_error_line(capsys, "block_size", value)
+
+
+def test_markup_like_scenario_text_is_reported_literally(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "[/n]", "engine": {"engine_type": "[/e]"}}))
+    assert main(["explore", str(bad), "--no-progress"]) == 2
+    assert _one_error_line(capsys, "[/e]").startswith("bad scenario: ")
+
+
+def test_markup_like_ids_are_printed_literally(tmp_path, capsys):
+    """S7 with ids spelt like markup: the same 5-step livelock, every id printed as written."""
+    doc = json.loads(S7.read_text())
+    doc["name"] = "[/n]"
+    doc["requests"][0].update(id="[/x]", handoff="[b]h")
+    doc["requests"][1]["id"] = "[bold]Y"
+    sc = tmp_path / "s.json"
+    sc.write_text(json.dumps(doc))
+    assert main(["explore", str(sc), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    for text in ("[/n] (vllm)", "reserve([b]h,[/x])", "reserve(hY,[bold]Y)", "pass -> admit [/x] [zero-time]"):
+        assert text in out
+
+
+def test_quotients_of_ids_spelling_the_same_file_name_are_all_written(tmp_path, capsys):
+    """MC-47: handoffs ``hX`` and ``hx`` both lower-case to ``hx``; the second gets ``hx-2``."""
+    doc = json.loads(S7.read_text())
+    doc["requests"][1]["handoff"] = "hx"  # the other is "hX"
+    sc = tmp_path / "s.json"
+    sc.write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    assert main(["explore", str(sc), "--no-progress", "--out", str(out), "--format", "dot"]) == 1
+    capsys.readouterr()
+    dots = sorted(p.name for p in out.glob("quotient-*.dot"))
+    assert dots == ["quotient-hx-2.dot", "quotient-hx.dot"]
+    # each is its own handoff's diagram: the first names hX, the second hx
+    assert "hX" in (out / "quotient-hx.dot").read_text() and "hx" in (out / "quotient-hx-2.dot").read_text()
+
+
+@pytest.mark.parametrize("flag", ["--summary-json", "--report-jsonl"])
+def test_replay_output_that_is_a_directory_is_refused_before_the_run(tmp_path, capsys, flag):
+    # before: the replay ran, then os.replace failed with a traceback, leaving a temp file beside it
+    before = sorted(tmp_path.iterdir())
+    assert main(["replay", str(TRACE), flag, str(tmp_path), "--no-progress"]) == 2
+    _one_error_line(capsys, flag, "is a directory")
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_replay_output_under_a_file_is_refused(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert main(["replay", str(TRACE), "--summary-json", str(f / "s.json"), "--no-progress"]) == 2
+    _one_error_line(capsys, "--summary-json", "is not a directory")
+
+
+def test_explore_flags_are_checked(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert main(["explore", str(S7), "--no-progress", "--out", str(f)]) == 2
+    _one_error_line(capsys, "--out", "not a directory")
+    assert f.read_text() == "x"
+    for n in ("0", "-5"):
+        assert main(["explore", str(S7), "--no-progress", "--max-states", n]) == 2
+        _one_error_line(capsys, f"--max-states={n}", "at least 1")
+    assert main(["explore", str(S7), "--no-progress", "--format", "dot,png"]) == 2
+    _one_error_line(capsys, "--format='png'")
+
+
+def test_gen_cases_flags_are_checked(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert main(["gen-cases", "--out", str(f), "--count", "1"]) == 2
+    _one_error_line(capsys, "--out", "not a directory")
+    for flags, fragment in ((["--start", "-1"], "--start=-1"), (["--timeout", "0"], "--timeout=0.0"),
+                            (["--timeout", "nan"], "--timeout=nan"), (["--count", "0"], "--count=0")):
+        assert main(["gen-cases", "--out", str(tmp_path / "cases"), *flags]) == 2
+        _one_error_line(capsys, fragment)
+    assert not (tmp_path / "cases").exists()
+
+
+def test_diff_timeout_is_checked(capsys):
+    assert main(["diff", str(TRACE), "--timeout", "-1"]) == 2
+    _one_error_line(capsys, "--timeout=-1.0")
+
+
+def test_docs_unknown_part_is_one_line(capsys):
+    assert main(["docs", "--check", "--only", "[/p]"]) == 2
+    _one_error_line(capsys, "--only='[/p]'", "unknown part")
