@@ -179,11 +179,15 @@ def _prepare(args: argparse.Namespace):
         check_setup(setup)
         workload = workload_from_job(job, setup)
     except InvalidInput as exc:
+        if exc.field == "trace" and exc.value is None and job.get("trace_file") is not None:
+            # the model never sees the file's name; the whole file is the offending value
+            raise _BadInput(f"trace_file={job['trace_file']!r}: {exc.reason}") from None
         raise _BadInput(str(exc)) from None
     from model.workload import SessionWorkload
 
     if isinstance(workload, SessionWorkload):
-        raise _BadInput("trace_file: multi-turn sessions are not supported by the model's drivers yet")
+        raise _BadInput(f"trace_file={job.get('trace_file')!r}: multi-turn sessions are not supported by the "
+                        "model's drivers yet")
     return job, setup, workload
 
 

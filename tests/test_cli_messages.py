@@ -120,3 +120,10 @@ def test_diff_timeout_is_checked(capsys):
 def test_docs_unknown_part_is_one_line(capsys):
     assert main(["docs", "--check", "--only", "[/p]"]) == 2
     _one_error_line(capsys, "--only='[/p]'", "unknown part")
+
+
+def test_empty_trace_names_the_file(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    assert main(["replay", str(empty), "--no-progress"]) == 2
+    _one_error_line(capsys, f"trace_file={str(empty)!r}", "did not contain any requests")
