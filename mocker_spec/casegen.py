@@ -87,8 +87,25 @@ def _trace(rng: random.Random, trace_block_size: int) -> List[Dict[str, Any]]:
     return rows
 
 
-def generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
-    """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``."""
+def generate_case(seed: int, index: int, concurrency: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``.
+
+    With ``concurrency`` the same case is drawn, then a second stream of its own (so the plain
+    families stay as they are) sets ``replay_concurrency`` (1-8) on about two cases in three and
+    shuffles the rows of about one in three, so timestamps go backwards: the file order that
+    concurrency mode keeps (spec/replay.md WL-20) and the stable sort that trace mode applies
+    (WL-15) then differ."""
+    case, rows = _generate_case(seed, index)
+    if concurrency:
+        rng = random.Random(f"mocker-spec-casegen-concurrency:{seed}:{index}")
+        if rng.random() < 0.67:
+            case["replay_concurrency"] = rng.randint(1, 8)
+        if rng.random() < 0.33:
+            rng.shuffle(rows)
+    return case, rows
+
+
+def _generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     rng = random.Random(f"mocker-spec-casegen:{seed}:{index}")
     mode, engine = rng.choice(KINDS)
     tbs = rng.choice([8, 16, 32, 64])
@@ -111,12 +128,13 @@ def generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str,
     return case, rows
 
 
-def write_cases(out: Path, seed: int, count: int, start: int = 0) -> List[Path]:
-    """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each)."""
+def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: bool = False) -> List[Path]:
+    """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each;
+    ``genc-*`` with ``concurrency``)."""
     dirs = []
     for i in range(start, start + count):
-        case, rows = generate_case(seed, i)
-        d = out / f"gen-{seed}-{i:04d}"
+        case, rows = generate_case(seed, i, concurrency)
+        d = out / f"{'genc' if concurrency else 'gen'}-{seed}-{i:04d}"
         d.mkdir(parents=True, exist_ok=True)
         (d / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")
         (d / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -388,7 +388,7 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     if problem:
         messages.error(f"--out={args.out!r}: {problem}")
         return 2
-    dirs = write_cases(Path(args.out), args.seed, args.count, args.start)
+    dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency)
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
@@ -437,6 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="case family (default 1)")
     p.add_argument("--count", type=int, default=200, help="number of cases (default 200)")
     p.add_argument("--start", type=int, default=0, help="index of the first case (default 0)")
+    p.add_argument("--concurrency", action="store_true",
+                   help="also draw replay_concurrency and shuffled row orders (genc-* cases; spec/replay.md WL-20)")
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_gen_cases)

@@ -23,6 +23,7 @@ from model.workload import (
     FlatWorkload,
     SessionWorkload,
     Trace,
+    load_concurrency_trace_workload,
     load_trace_workload,
     parse_mooncake_line,
     trace_from_mooncake_rows,
@@ -32,6 +33,7 @@ __all__ = [
     "read_trace_lines",
     "read_trace",
     "load_trace_file",
+    "load_concurrency_trace_file",
     "format_json_float",
     "dumps_compact",
     "record_line",
@@ -93,6 +95,13 @@ def load_trace_file(
 ) -> FlatWorkload | SessionWorkload:
     """WL-14: the full offline trace-file pipeline (see ``model.workload.load_trace_workload``)."""
     return load_trace_workload(_rows(read_trace_lines(path)), trace_block_size, arrival_speedup_ratio, trace_format)
+
+
+def load_concurrency_trace_file(
+    path: str | os.PathLike[str], trace_block_size: int = 512, *, validate: bool = True
+) -> FlatWorkload | SessionWorkload:
+    """WL-20: a trace file replayed with ``replay_concurrency`` (``model.workload.load_concurrency_trace_workload``)."""
+    return load_concurrency_trace_workload(_rows(read_trace_lines(path)), trace_block_size, validate=validate)
 
 
 # ---------------------------------------------------------------------------

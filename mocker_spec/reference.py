@@ -40,7 +40,7 @@ from model.report import SUMMARY_WALL_CLOCK_KEYS, finish
 from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, run_replay
 from model.workload import FlatWorkload, synthetic_replay_workload
 
-from .formats import load_trace_file
+from .formats import load_concurrency_trace_file, load_trace_file
 
 __all__ = [
     "Outcome",
@@ -281,6 +281,9 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
     """The workload of a job: a trace file (WL-14) or synthetic requests (WL-16/WL-17)."""
     ratio = job.get("arrival_speedup_ratio", 1.0)
     if job.get("trace_file") is not None:
+        if job.get("replay_concurrency") is not None:  # WL-20: the concurrency workload driver
+            return load_concurrency_trace_file(job["trace_file"], job.get("trace_block_size", 512),
+                                               validate=not setup.is_disagg)
         return load_trace_file(job["trace_file"], job.get("trace_block_size", 512), ratio)
     s = job["synthetic"]
     args = setup.prefill_args if setup.is_disagg else setup.engine_args
@@ -422,8 +425,8 @@ def check_case(case_dir: str | os.PathLike[str]) -> Tuple[Outcome, Outcome, Opti
     job, ref = load_case(case_dir)
     try:
         ours = run_model(job)
-    except InvalidInput as exc:
-        ours = Outcome("error", str(exc))
+    except InvalidInput as exc:  # upstream's text is the reason; the field=value prefix is the CLI's
+        ours = Outcome("error", exc.reason)
     except Exception as exc:  # a missing core, a model bug: report it per case
         ours = Outcome("error", f"{type(exc).__name__}: {exc}")
     return ours, ref, compare(ours, ref)

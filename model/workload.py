@@ -25,6 +25,7 @@ report row carries no meaning.
 
 from __future__ import annotations
 
+import decimal
 import json
 import math
 from typing import Any, Iterable, Mapping, Sequence
@@ -70,6 +71,18 @@ __all__ = [
 _U64_MAX = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _rust_f64(x: float) -> str:
+    """How Rust's ``{}`` prints an f64 in upstream's messages: the shortest round-trip digits in
+    plain decimal (never an exponent), no trailing ``.0`` (``-3``, ``0.25``, ``1000000000000000000000``);
+    ``NaN``, ``inf``, ``-inf``."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    text = format(decimal.Decimal(repr(float(x))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _bad(line: int | None, field: str, value: object, reason: str, rule: str) -> InvalidInput:
@@ -320,7 +333,7 @@ def trace_from_mooncake_rows(
         else:
             delay = 0.0
         if not math.isfinite(delay) or delay < 0.0:
-            raise _bad(line, "delay", delay, f"trace line {line} has invalid delay {delay}", "WL-7")
+            raise _bad(line, "delay", delay, f"trace line {line} has invalid delay {_rust_f64(delay)}", "WL-7")
 
         sess["turns"].append(
             TurnTrace(
@@ -458,7 +471,7 @@ def _validate(trace: Trace, allow_missing_first_timestamp: bool) -> None:
                        f"trace mode requires first_arrival_timestamp_ms for session {s.session_id}", "WL-9")
         if ts is not None and (not math.isfinite(ts) or ts < 0.0):
             raise _bad(first_line, "timestamp", ts,
-                       f"session {s.session_id} has invalid first_arrival_timestamp_ms {ts}", "WL-9")
+                       f"session {s.session_id} has invalid first_arrival_timestamp_ms {_rust_f64(ts)}", "WL-9")
         for k, t in enumerate(s.turns):
             if t.input_length == 0:
                 raise _bad(t.source_line, "input_length", 0,
@@ -473,7 +486,7 @@ def _validate(trace: Trace, allow_missing_first_timestamp: bool) -> None:
                            "WL-9")
             d = t.delay_after_previous_ms
             if not math.isfinite(d) or d < 0.0:
-                raise _bad(t.source_line, "delay", d, f"session {s.session_id} turn {k} has invalid delay {d}", "WL-9")
+                raise _bad(t.source_line, "delay", d, f"session {s.session_id} turn {k} has invalid delay {_rust_f64(d)}", "WL-9")
             if k == 0 and d != 0.0:
                 raise _bad(t.source_line, "delay", d,
                            f"session {s.session_id} first turn must have delay_after_previous_ms == 0.0", "WL-9")
@@ -510,6 +523,8 @@ class ReplayRequest:
     priority: int = 0
     strict_priority: int = 0
     policy_class: str | None = None
+    #: WL-20: the session a concurrency-mode trace-file request came from (turn 0); None elsewhere
+    session_id: str | None = None
 
 
 def to_single_turn_requests(trace: Trace) -> tuple[ReplayRequest, ...]:
@@ -599,6 +614,32 @@ def workload_from_trace(trace: Trace, trace_format: str = "mooncake") -> FlatWor
     if is_single_turn(trace):
         return FlatWorkload(normalize_trace_requests(to_single_turn_requests(trace), 1.0))
     return SessionWorkload(trace, accumulate_deltas=trace_format == "mooncake-delta")
+
+
+def load_concurrency_trace_workload(
+    rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]],
+    trace_block_size: int = 512,
+    *,
+    validate: bool = True,
+) -> FlatWorkload | SessionWorkload:
+    """WL-20: a ``mooncake`` trace file replayed with ``replay_concurrency`` (closed loop).
+
+    Upstream runs it through the concurrency workload driver: no normalization, no speed-up (the
+    ratio is ignored), timestamps optional, and sessions released in **file order** (their first
+    line), not sorted by timestamp.  The aggregated runtimes validate first (WL-9, a missing
+    timestamp allowed); the disaggregated one does not (``validate=False``).  Single-turn traces
+    give a :class:`FlatWorkload` in session order whose requests carry their ``session_id`` (the
+    event-loop and disaggregated runtimes record it, turn 0, at release: DRV-2).
+    """
+    trace = trace_from_mooncake_rows(rows, trace_block_size)
+    if validate:
+        validate_for_concurrency_mode(trace)
+    if not is_single_turn(trace):
+        return SessionWorkload(trace)
+    return FlatWorkload(
+        attrs.evolve(r, arrival_timestamp_ms=None, session_id=s.session_id)
+        for r, s in zip(to_single_turn_requests(trace), trace.sessions)
+    )
 
 
 # ---------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A bounded version of ``mocker-spec gen-cases --record`` followed by ``mocker-spec diff --corpus``
 (spec/fidelity.md): a few small seeded cases (mocker_spec/casegen.py), one per kind (aggregated
-vLLM / TRT-LLM / SGLang, disaggregated vLLM / SGLang), each replayed by the compiled
+vLLM / TRT-LLM / SGLang, disaggregated vLLM / SGLang), once plain and once in concurrency mode
+(``gen-cases --concurrency``, spec/replay.md WL-20), each replayed by the compiled
 ``ai-dynamo-runtime==1.3.0.post1`` in a subprocess with a timeout (it can spin forever, LIVE-5) and
 by the model, then compared with ``mocker_spec.reference.compare`` (per-request fields, summary,
 dead-end messages; a reference hang agrees only with a model livelock diagnosis).
@@ -31,21 +32,25 @@ MAX_ROWS = 12
 TIMEOUT_S = 60.0
 
 
-def _pick_cases():
-    """The first ``PER_KIND`` cases of each kind with at most ``MAX_ROWS`` rows (deterministic)."""
+def _pick_cases(concurrency: bool = False):
+    """The first ``PER_KIND`` cases of each kind with at most ``MAX_ROWS`` rows (deterministic);
+    with ``concurrency``, among the cases ``gen-cases --concurrency`` gives a cap (WL-20)."""
     picked = {kind: [] for kind in KINDS}
     for index in range(500):
-        case, rows = generate_case(SEED, index)
+        case, rows = generate_case(SEED, index, concurrency)
+        if concurrency and "replay_concurrency" not in case:
+            continue
         args = case.get("engine_args") or case["prefill_engine_args"]
         kind = (case["mode"], args["engine_type"])
         if len(rows) <= MAX_ROWS and len(picked[kind]) < PER_KIND:
             picked[kind].append(index)
         if all(len(v) == PER_KIND for v in picked.values()):
             break
-    return [(f"{mode}-{engine}-{i}", i) for (mode, engine), idx in picked.items() for i in idx]
+    tag = "-concurrency" if concurrency else ""
+    return [(f"{mode}-{engine}{tag}-{i}", i, concurrency) for (mode, engine), idx in picked.items() for i in idx]
 
 
-CASES = _pick_cases()
+CASES = _pick_cases() + _pick_cases(concurrency=True)
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +71,19 @@ def reference_python():
 def test_cases_cover_every_kind():
     """The live diff touches each engine and runtime kind at least once, and its SGLang cases
     carry ``sglang`` sub-arguments (so the reference runner's nested constructors are exercised)."""
-    assert len(CASES) == len(KINDS) * PER_KIND
-    for name, index in CASES:
-        case, _ = generate_case(SEED, index)
+    assert len(CASES) == 2 * len(KINDS) * PER_KIND
+    for name, index, concurrency in CASES:
+        case, _ = generate_case(SEED, index, concurrency)
+        assert ("replay_concurrency" in case) == concurrency
         args = case.get("engine_args") or case["prefill_engine_args"]
         if args["engine_type"] == "sglang":
             assert isinstance(args.get("sglang"), dict), name
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("name, index", CASES, ids=[c[0] for c in CASES])
-def test_live_case_matches_reference(reference_python, tmp_path, name, index):
-    case, rows = generate_case(SEED, index)
+@pytest.mark.parametrize("name, index, concurrency", CASES, ids=[c[0] for c in CASES])
+def test_live_case_matches_reference(reference_python, tmp_path, name, index, concurrency):
+    case, rows = generate_case(SEED, index, concurrency)
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
     job = dict(case, trace_file=str(trace))

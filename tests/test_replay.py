@@ -681,6 +681,26 @@ def test_casegen_family_1_covers_the_fidelity_matrix_with_valid_setups():
     assert features == {"sglang chunks", "lpm", "vllm chunks", "tight kv", "prefix sharing", "arrival speed-up"}
 
 
+def test_casegen_concurrency_variant_keeps_the_base_case_and_draws_caps_and_orders():
+    """``gen-cases --concurrency`` (spec/replay.md WL-20): each case is the plain case of the same
+    index with, from a stream of its own, a cap of 1-8 and sometimes its rows shuffled; the plain
+    family is unchanged, and both draws occur."""
+    from mocker_spec.casegen import generate_case
+
+    capped = shuffled = 0
+    for i in range(60):
+        base, base_rows = generate_case(41, i)
+        case, rows = generate_case(41, i, concurrency=True)
+        assert generate_case(41, i, concurrency=True) == (case, rows)
+        assert "replay_concurrency" not in base
+        cap = case.pop("replay_concurrency", None)
+        assert case == base and sorted(map(json.dumps, rows)) == sorted(map(json.dumps, base_rows))
+        capped += cap is not None
+        assert cap is None or 1 <= cap <= 8
+        shuffled += rows != base_rows
+    assert 25 <= capped <= 55 and shuffled >= 5
+
+
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
 def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
     """LIVE-5: the compiled build hangs on both (recorded as timeout). SGLang variant on the

@@ -1,4 +1,4 @@
-"""Tests of the workload rules (spec/replay.md WL-1..WL-19).
+"""Tests of the workload rules (spec/replay.md WL-1..WL-20).
 
 Named ports of the upstream loadgen / replay tests at a822423412a0 keep their
 upstream names (``lib/mocker/src/loadgen/tests.rs``,
@@ -31,6 +31,7 @@ from model.workload import (
     TurnTrace,
     cumulative_session_tokens,
     is_single_turn,
+    load_concurrency_trace_workload,
     load_trace_workload,
     normalize_session_starts,
     normalize_trace_requests,
@@ -460,3 +461,61 @@ def test_zero_turns_per_session_is_accepted_on_the_flat_path() -> None:
     the flat path (the test is ``turns_per_session > 1``), which ignores it."""
     w = synthetic_replay_workload(16, 8, 2, 2, turns_per_session=0)
     assert isinstance(w, FlatWorkload) and len(w.requests) == 2
+
+
+# ---------------------------------------------------------------------------
+# WL-20: a trace file in concurrency mode
+# ---------------------------------------------------------------------------
+
+
+def test_concurrency_trace_keeps_file_order_and_sessions_and_drops_timestamps() -> None:
+    """WL-20: no sort, no normalization: the later-stamped first row stays first; every request
+    carries its session (``request_N`` after its line, or the row's own id) and no arrival."""
+    base = {"output_length": 1, "hash_ids": [1]}
+    rows = rows_of({**base, "timestamp": 9.0}, {**base, "timestamp": 1.0, "session_id": "s"}, {**base})
+    w = load_concurrency_trace_workload(rows, 4)
+    assert isinstance(w, FlatWorkload)
+    assert [r.session_id for r in w.requests] == ["request_1", "s", "request_3"]
+    assert [r.arrival_timestamp_ms for r in w.requests] == [None, None, None]
+    # the same file in trace mode: the third row has no timestamp (rejected, WL-9); without it,
+    # the flat path sorts by timestamp and attaches no session (WL-13, WL-15)
+    with pytest.raises(InvalidInput, match="first_arrival_timestamp_ms"):
+        load_trace_workload(rows, 4)
+    flat = load_trace_workload(rows[:2], 4)
+    assert [r.arrival_timestamp_ms for r in flat.requests] == [0.0, 8.0]
+    assert [r.session_id for r in flat.requests] == [None, None]
+    assert [len(r.tokens) for r in w.requests] == [len(r.tokens) for r in load_trace_workload(rows[:2], 4).requests] + [4]
+
+
+def test_concurrency_trace_validation_is_the_aggregated_runtimes_only() -> None:
+    """WL-20: the aggregated runtimes validate (WL-9, a missing timestamp allowed) without
+    normalizing first, so a negative timestamp is an error (in trace mode it is shifted to 0);
+    the disaggregated runtime does not validate, so a zero-length prompt gets through there.
+    Both checked against the compiled build (the golden ``conc-negative-timestamp`` and, for
+    the disaggregated side, the sweep of spec/fidelity.md FID-6)."""
+    neg = rows_of({"output_length": 1, "hash_ids": [1], "timestamp": -3.0})
+    with pytest.raises(InvalidInput, match="invalid first_arrival_timestamp_ms -3$"):
+        load_concurrency_trace_workload(neg, 4)
+    assert load_trace_workload(neg, 4).requests[0].arrival_timestamp_ms == 0.0
+    empty = rows_of({"output_length": 1, "hash_ids": [1], "input_length": 0})
+    with pytest.raises(InvalidInput, match="positive input_length"):
+        load_concurrency_trace_workload(empty, 4)
+    both = rows_of({"output_length": 1, "hash_ids": [1], "input_length": 0}, {"output_length": 1, "hash_ids": [1], "timestamp": -3.0})
+    w = load_concurrency_trace_workload(both, 4, validate=False)
+    assert isinstance(w, FlatWorkload) and len(w.requests[0].tokens) == 0
+
+
+@pytest.mark.parametrize("value,text", [(-3.0, "-3"), (-0.1, "-0.1"), (-1e-7, "-0.0000001"),
+                                        (-1e21, "-1000000000000000000000"), (-0.0, "-0"), (2.5, "2.5")])
+def test_messages_print_floats_as_rust_does(value: float, text: str) -> None:
+    """Upstream formats f64 values in its messages with Rust's ``{}`` (no exponent, no ``.0``); the
+    -1e-7 case is the golden ``trace-tiny-negative-delay`` recorded from the compiled build."""
+    from model.workload import _rust_f64
+
+    assert _rust_f64(value) == text
+
+
+def test_concurrency_trace_with_several_turns_stays_on_the_session_path() -> None:
+    """WL-20 / WL-19: a multi-turn file keeps the (unmodelled) session driver."""
+    base = {"output_length": 1, "hash_ids": [1], "session_id": "s"}
+    assert isinstance(load_concurrency_trace_workload(rows_of(base, {**base, "delay": 2.0}), 4), SessionWorkload)

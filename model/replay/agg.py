@@ -43,6 +43,8 @@ class _AggRun:
         released = False
         for req, arrival in self.adm.drain_ready(self.now, self.pool.in_flight()):
             self.col = self.col.on_arrival(req.uuid, arrival, len(req.tokens), req.max_output_tokens)
+            if req.session_id is not None:  # DRV-2: a concurrency-mode trace file's session (WL-20)
+                self.col = self.col.on_session_metadata(req.uuid, req.session_id, 0)
             w = self.next_worker()
             self.pool.workers[w].receive(to_direct(req, arrival))
             self.col = self.col.on_decode_assigned(req.uuid, w)

@@ -435,6 +435,8 @@ class _DisaggRun:
         for req, arrival in self.adm.drain_ready(self.now, self.logical_in_flight):
             uuid = req.uuid
             self.col = self.col.on_arrival(uuid, arrival, len(req.tokens), req.max_output_tokens)
+            if req.session_id is not None:  # DRV-2: a concurrency-mode trace file's session (WL-20)
+                self.col = self.col.on_session_metadata(uuid, req.session_id, 0)
             if uuid in self.requests:
                 raise ReplayError(f"offline disagg replay request {uuid} is already active", rule="DIS-2")
             h = handoff_id_for(uuid)
