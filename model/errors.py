@@ -8,6 +8,22 @@ value only after every guard passed.
 
 from __future__ import annotations
 
+import decimal
+import math
+
+
+def rust_display(x: float) -> str:
+    """How Rust's ``{}`` prints an f64 inside upstream's messages: the shortest round-trip digits
+    in plain decimal (never an exponent), no trailing ``.0`` (``-3``, ``0.25``,
+    ``1000000000000000000000``); ``NaN``, ``inf``, ``-inf``.  Messages that quote a float use it so
+    that they read as upstream's (spec/replay.md WL-20, spec/timing.md TIME-14)."""
+    if math.isnan(x):
+        return "NaN"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    text = format(decimal.Decimal(repr(float(x))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
 
 class ModelError(Exception):
     """Base class of every error raised by the model."""

@@ -23,7 +23,7 @@ from typing import Optional
 import attrs
 
 from model.engine_args import EngineArgs, KvTransferTimingMode, WorkerType
-from model.errors import InternalInvariantBroken
+from model.errors import InternalInvariantBroken, rust_display
 
 NANOS_PER_SEC = 1_000_000_000
 
@@ -290,10 +290,10 @@ class HandoffTransferTiming:
         """Rule: TIME-14. Why the coordinator refuses this timing on ``SourceHeld``, or None."""
         bw = self.bandwidth_gb_s
         if bw is not None and (bw != bw or bw in (float("inf"), float("-inf")) or bw <= 0.0):
-            return f"invalid handoff transfer bandwidth {bw!r}"
+            return f"invalid handoff transfer bandwidth {rust_display(bw)}"
         delay = self.full_prompt_delay_ms()
         if delay is not None and (delay != delay or delay in (float("inf"), float("-inf")) or delay < 0.0):
-            return f"invalid handoff transfer delay {delay!r}"
+            return f"invalid handoff transfer delay {rust_display(delay)}"
         return None
 
 

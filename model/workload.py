@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 
-from model.errors import InvalidInput
+from model.errors import InvalidInput, rust_display as _rust_f64
 from model.report import total_order_key, uuid_from_int
 
 __all__ = [
@@ -71,18 +71,6 @@ __all__ = [
 _U64_MAX = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
-
-
-def _rust_f64(x: float) -> str:
-    """How Rust's ``{}`` prints an f64 in upstream's messages: the shortest round-trip digits in
-    plain decimal (never an exponent), no trailing ``.0`` (``-3``, ``0.25``, ``1000000000000000000000``);
-    ``NaN``, ``inf``, ``-inf``."""
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    text = format(decimal.Decimal(repr(float(x))), "f")
-    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def _bad(line: int | None, field: str, value: object, reason: str, rule: str) -> InvalidInput:

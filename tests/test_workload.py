@@ -510,9 +510,9 @@ def test_concurrency_trace_validation_is_the_aggregated_runtimes_only() -> None:
 def test_messages_print_floats_as_rust_does(value: float, text: str) -> None:
     """Upstream formats f64 values in its messages with Rust's ``{}`` (no exponent, no ``.0``); the
     -1e-7 case is the golden ``trace-tiny-negative-delay`` recorded from the compiled build."""
-    from model.workload import _rust_f64
+    from model.errors import rust_display
 
-    assert _rust_f64(value) == text
+    assert rust_display(value) == text
 
 
 def test_concurrency_trace_with_several_turns_stays_on_the_session_path() -> None:

@@ -19,6 +19,7 @@ import attrs
 from pyrsistent import PMap, pmap
 
 from model.errors import InternalInvariantBroken
+from model.replay.common import ReplayError
 from model.ids import HandoffId
 from model.timing import HandoffTransferTiming, transfer_action_delay_ms
 
@@ -212,8 +213,8 @@ class Coordinator:
             if not self.submitted:
                 raise _broken("source held before prefill submission was acknowledged")
             reason = fact.transfer_timing.invalid_reason()
-            if reason is not None:
-                raise _broken(reason)
+            if reason is not None:  # TIME-14: reachable from the engine args, an error upstream
+                raise ReplayError(reason, rule="TIME-14")
             return attrs.evolve(self, held=True, transfer_timing=fact.transfer_timing)._advance_active()
         if isinstance(fact, DestinationReservedFact):
             if self.reserved:
