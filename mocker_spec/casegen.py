@@ -87,14 +87,21 @@ def _trace(rng: random.Random, trace_block_size: int) -> List[Dict[str, Any]]:
     return rows
 
 
-def generate_case(seed: int, index: int, concurrency: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+def generate_case(seed: int, index: int, concurrency: bool = False,
+                  extra_args: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``.
 
-    With ``concurrency`` the same case is drawn, then a second stream of its own (so the plain
-    families stay as they are) sets ``replay_concurrency`` (1-8) on about two cases in three and
-    shuffles the rows of about one in three, so timestamps go backwards: the file order that
-    concurrency mode keeps (spec/replay.md WL-20) and the stable sort that trace mode applies
-    (WL-15) then differ."""
+    The variants draw the same case, then change it from streams of their own, so the plain
+    families stay as they are:
+
+    - ``concurrency`` sets ``replay_concurrency`` (1-8) on about two cases in three and shuffles the
+      rows of about one in three, so timestamps go backwards: the file order that concurrency mode
+      keeps (spec/replay.md WL-20) and the stable sort that trace mode applies (WL-15) then differ;
+    - ``extra_args`` adds, per engine-args object, the arguments the plain cases leave at their
+      defaults: ``startup_time``, ``aic_tp_size`` / ``aic_attention_dp_size`` (GPU counts of the
+      worker-hours, ARGS-17), ``kv_bytes_per_token`` / ``kv_transfer_bandwidth`` /
+      ``kv_transfer_timing_mode`` (transfer timing, TIME-12..TIME-14; a bandwidth of 0 is rare and
+      fails the disaggregated replay) and ``router_queue_policy``."""
     case, rows = _generate_case(seed, index)
     if concurrency:
         rng = random.Random(f"mocker-spec-casegen-concurrency:{seed}:{index}")
@@ -102,7 +109,31 @@ def generate_case(seed: int, index: int, concurrency: bool = False) -> Tuple[Dic
             case["replay_concurrency"] = rng.randint(1, 8)
         if rng.random() < 0.33:
             rng.shuffle(rows)
+    if extra_args:
+        rng = random.Random(f"mocker-spec-casegen-extra-args:{seed}:{index}")
+        for key in ("engine_args", "prefill_engine_args", "decode_engine_args"):
+            if key in case:
+                case[key].update(_extra_args(rng))
     return case, rows
+
+
+def _extra_args(rng: random.Random) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    if rng.random() < 0.5:
+        out["startup_time"] = rng.choice([0.0, 0.5, 2.0])
+    if rng.random() < 0.5:
+        out["aic_tp_size"] = rng.choice([1, 2, 4])
+    if rng.random() < 0.5:
+        out["aic_attention_dp_size"] = rng.choice([1, 2])
+    if rng.random() < 0.6:
+        out["kv_bytes_per_token"] = rng.choice([1, 1000, 131072])
+    if rng.random() < 0.6:
+        out["kv_transfer_bandwidth"] = 0.0 if rng.random() < 0.05 else rng.choice([0.5, 5.0, 100.0])
+    if rng.random() < 0.5:
+        out["kv_transfer_timing_mode"] = rng.choice(["full_prompt", "destination_missing"])
+    if rng.random() < 0.4:
+        out["router_queue_policy"] = rng.choice(["fcfs", "lcfs", "wspt"])
+    return out
 
 
 def _generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
@@ -128,13 +159,15 @@ def _generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str
     return case, rows
 
 
-def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: bool = False) -> List[Path]:
-    """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each;
-    ``genc-*`` with ``concurrency``)."""
+def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: bool = False,
+                extra_args: bool = False) -> List[Path]:
+    """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each:
+    ``gen-*``, with the variants ``genc-*``, ``genx-*`` or ``gencx-*``)."""
     dirs = []
+    prefix = "gen" + ("c" if concurrency else "") + ("x" if extra_args else "")
     for i in range(start, start + count):
-        case, rows = generate_case(seed, i, concurrency)
-        d = out / f"{'genc' if concurrency else 'gen'}-{seed}-{i:04d}"
+        case, rows = generate_case(seed, i, concurrency, extra_args)
+        d = out / f"{prefix}-{seed}-{i:04d}"
         d.mkdir(parents=True, exist_ok=True)
         (d / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")
         (d / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -153,7 +153,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if args.trace_block_size is not None and args.trace_block_size <= 0:
         raise _BadInput(f"--trace-block-size={args.trace_block_size}: must be greater than 0")
     r = args.arrival_speedup_ratio
-    if not math.isfinite(r) or r <= 0:
+    # in concurrency mode upstream neither applies nor checks the ratio (spec/replay.md WL-20)
+    if args.replay_concurrency is None and (not math.isfinite(r) or r <= 0):
         raise _BadInput(f"--arrival-speedup-ratio={r}: must be finite and greater than 0")
     if args.replay_concurrency is not None and args.replay_concurrency < 1:
         raise _BadInput(f"--replay-concurrency={args.replay_concurrency}: must be at least 1")
@@ -388,7 +389,7 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     if problem:
         messages.error(f"--out={args.out!r}: {problem}")
         return 2
-    dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency)
+    dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency, args.extra_args)
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
@@ -439,6 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start", type=int, default=0, help="index of the first case (default 0)")
     p.add_argument("--concurrency", action="store_true",
                    help="also draw replay_concurrency and shuffled row orders (genc-* cases; spec/replay.md WL-20)")
+    p.add_argument("--extra-args", action="store_true",
+                   help="also draw transfer, start-up, GPU-count and router-queue engine args (genx-* cases)")
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_gen_cases)

@@ -127,3 +127,16 @@ def test_empty_trace_names_the_file(tmp_path, capsys):
     empty.write_text("\n\n")
     assert main(["replay", str(empty), "--no-progress"]) == 2
     _one_error_line(capsys, f"trace_file={str(empty)!r}", "did not contain any requests")
+
+
+def test_speedup_ratio_is_ignored_in_concurrency_mode(tmp_path, capsys):
+    """WL-20: with --replay-concurrency the ratio is neither applied nor checked (the compiled
+    build runs a trace and a synthetic workload with ratio 0, -1 or NaN in concurrency mode);
+    without it, 0 is refused."""
+    summ = tmp_path / "s.json"
+    assert main(["replay", str(TRACE), "--replay-concurrency", "2", "--arrival-speedup-ratio", "0",
+                 "--summary-json", str(summ), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert json.loads(summ.read_text())["num_requests"] > 0
+    assert main(["replay", str(TRACE), "--arrival-speedup-ratio", "0", "--no-progress"]) == 2
+    _one_error_line(capsys, "--arrival-speedup-ratio=0.0")

@@ -701,6 +701,29 @@ def test_casegen_concurrency_variant_keeps_the_base_case_and_draws_caps_and_orde
     assert 25 <= capped <= 55 and shuffled >= 5
 
 
+def test_casegen_extra_args_variant_adds_only_valid_defaults_overrides():
+    """``gen-cases --extra-args``: the plain case of the same index plus, per engine-args object,
+    some of the arguments the plain cases leave at their defaults; every setup still passes the
+    model's checks (ARGS-*, DRV-1), and each argument is drawn somewhere in 60 cases."""
+    from mocker_spec.casegen import generate_case
+    from mocker_spec.reference import setup_from_job
+
+    extra = {"startup_time", "aic_tp_size", "aic_attention_dp_size", "kv_bytes_per_token",
+             "kv_transfer_bandwidth", "kv_transfer_timing_mode", "router_queue_policy"}
+    seen = set()
+    for i in range(60):
+        base, base_rows = generate_case(43, i)
+        case, rows = generate_case(43, i, extra_args=True)
+        assert rows == base_rows and case.keys() == base.keys()
+        for key in ("engine_args", "prefill_engine_args", "decode_engine_args"):
+            if key in case:
+                added = set(case[key]) - set(base[key])
+                assert added <= extra and {k: case[key][k] for k in base[key]} == base[key]
+                seen |= added
+        check_setup(setup_from_job(case))
+    assert seen == extra
+
+
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
 def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
     """LIVE-5: the compiled build hangs on both (recorded as timeout). SGLang variant on the
