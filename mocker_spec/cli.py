@@ -184,11 +184,6 @@ def _prepare(args: argparse.Namespace):
             # the model never sees the file's name; the whole file is the offending value
             raise _BadInput(f"trace_file={job['trace_file']!r}: {exc.reason}") from None
         raise _BadInput(str(exc)) from None
-    from model.workload import SessionWorkload
-
-    if isinstance(workload, SessionWorkload):
-        raise _BadInput(f"trace_file={job.get('trace_file')!r}: multi-turn sessions are not supported by the "
-                        "model's drivers yet")
     return job, setup, workload
 
 

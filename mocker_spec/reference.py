@@ -148,6 +148,9 @@ try:
         rows = [json.loads(l) for l in open(job["report_path"]) if l.strip()]
     else:
         s = job["synthetic"]
+        for key in ("turns_per_session", "shared_prefix_ratio", "num_prefix_groups", "inter_turn_delay_ms"):
+            if key in s:
+                kw[key] = s[key]
         summary = c.run_mocker_synthetic_trace_replay(
             input_tokens=s["input_tokens"], output_tokens=s["output_tokens"], request_count=s["request_count"],
             arrival_interval_ms=s.get("arrival_interval_ms", 1.0), **kw)

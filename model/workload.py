@@ -511,8 +511,10 @@ class ReplayRequest:
     priority: int = 0
     strict_priority: int = 0
     policy_class: str | None = None
-    #: WL-20: the session a concurrency-mode trace-file request came from (turn 0); None elsewhere
+    #: WL-20 / DRV-17: the session and turn a request came from, for requests released by the
+    #: session workload driver or read from a concurrency-mode trace file; None on the flat path
     session_id: str | None = None
+    turn_index: int = 0
 
 
 def to_single_turn_requests(trace: Trace) -> tuple[ReplayRequest, ...]:

@@ -516,6 +516,6 @@ def test_messages_print_floats_as_rust_does(value: float, text: str) -> None:
 
 
 def test_concurrency_trace_with_several_turns_stays_on_the_session_path() -> None:
-    """WL-20 / WL-19: a multi-turn file keeps the (unmodelled) session driver."""
+    """WL-20: a multi-turn file takes the session path (run by the workload driver, DRV-17)."""
     base = {"output_length": 1, "hash_ids": [1], "session_id": "s"}
     assert isinstance(load_concurrency_trace_workload(rows_of(base, {**base, "delay": 2.0}), 4), SessionWorkload)

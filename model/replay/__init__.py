@@ -22,6 +22,7 @@ from model.errors import InvalidInput
 from model.report import TraceCollector
 from model.workload import FlatWorkload, SessionWorkload
 
+from .admission import WorkloadDriver
 from .agg import run_agg
 from .common import ReplayDeadEnd, ReplayError
 from .disagg import handoff_order, run_disagg
@@ -117,14 +118,14 @@ def run_replay(
     ``on_progress(done, total)`` is an optional observer; it cannot change the run.
     """
     check_setup(setup)
-    if isinstance(workload, SessionWorkload):
-        raise InvalidInput("workload", "multi-turn sessions",
-                           "multi-turn (session) workloads are not supported by the model's drivers yet", rule="DRV-2")
     col = collector if collector is not None else TraceCollector()
     if capture_per_request:
         col = col.with_capture_per_request()
-    reqs = workload.requests
     conc = setup.replay_concurrency
+    if isinstance(workload, SessionWorkload):  # DRV-17: the session workload driver
+        reqs = WorkloadDriver(workload.trace, conc, workload.accumulate_deltas)
+    else:
+        reqs = workload.requests
     if setup.is_disagg:
         return run_disagg(setup.prefill_args, setup.decode_args, setup.num_prefill_workers, setup.num_decode_workers,
                           reqs, conc, col, on_progress)

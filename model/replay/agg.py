@@ -12,7 +12,7 @@ from model.engine_args import EngineArgs
 from model.report import TerminalStatus, TraceCollector
 from model.workload import ReplayRequest
 
-from .admission import Admission, record_visible_pass, to_direct
+from .admission import make_admission, record_visible_pass, to_direct
 from .common import WORKER_COMPLETION, EventHeap, Pool, ReplayDeadEnd
 from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
 
@@ -25,7 +25,7 @@ class _AggRun:
         self.next_worker_idx = 0
         self.pool = Pool("aggregated", args, num_workers, visible=True)
         self.events = EventHeap()
-        self.adm = Admission(requests, concurrency)
+        self.adm = make_admission(requests, concurrency)
         self.col = collector.set_gpus_per_worker(0, args.aic_gpus_per_worker())
         self.on_progress = on_progress
         self.done_count = 0
@@ -43,8 +43,8 @@ class _AggRun:
         released = False
         for req, arrival in self.adm.drain_ready(self.now, self.pool.in_flight()):
             self.col = self.col.on_arrival(req.uuid, arrival, len(req.tokens), req.max_output_tokens)
-            if req.session_id is not None:  # DRV-2: a concurrency-mode trace file's session (WL-20)
-                self.col = self.col.on_session_metadata(req.uuid, req.session_id, 0)
+            if req.session_id is not None:  # DRV-2: its session (WL-20, DRV-17)
+                self.col = self.col.on_session_metadata(req.uuid, req.session_id, req.turn_index)
             w = self.next_worker()
             self.pool.workers[w].receive(to_direct(req, arrival))
             self.col = self.col.on_decode_assigned(req.uuid, w)
@@ -58,6 +58,7 @@ class _AggRun:
             if s.completed:
                 status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
                 self.col = self.col.on_terminal(s.uuid.value, status)
+                self.adm.on_request_completed(s.uuid.value, self.now)  # DRV-17
                 self.done_count += 1
                 if self.on_progress is not None:
                     self.on_progress(self.done_count, self.adm.total)

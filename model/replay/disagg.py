@@ -33,7 +33,7 @@ from model.protocol import (
 from model.report import TerminalStatus, TraceCollector
 from model.workload import ReplayRequest
 
-from .admission import Admission, record_visible_pass, to_direct
+from .admission import make_admission, record_visible_pass, to_direct
 from .common import TRANSFER_COMPLETE, WORKER_COMPLETION, EventHeap, Pool, ReplayDeadEnd, ReplayError, count_map
 from .coordinator import (
     ActionKind,
@@ -184,7 +184,7 @@ class _DisaggRun:
         self.now = 0.0
         self.next_prefill_idx = 0
         self.next_decode_idx = 0
-        self.adm = Admission(requests, concurrency)
+        self.adm = make_admission(requests, concurrency)
         self.prefill = Pool(PREFILL, prefill_args, num_prefill, visible=False)
         self.decode = Pool(DECODE, decode_args, num_decode, visible=True)
         self.requests: Dict[str, _Request] = {}
@@ -413,6 +413,7 @@ class _DisaggRun:
             self.stale_transfer_events += 1
         if remove_actions:
             self.actions.remove(uuid)
+        self.adm.on_request_completed(uuid, self.now)  # DRV-17
         self.done_count += 1
         if self.on_progress is not None:
             self.on_progress(self.done_count, self.adm.total)
@@ -435,8 +436,8 @@ class _DisaggRun:
         for req, arrival in self.adm.drain_ready(self.now, self.logical_in_flight):
             uuid = req.uuid
             self.col = self.col.on_arrival(uuid, arrival, len(req.tokens), req.max_output_tokens)
-            if req.session_id is not None:  # DRV-2: a concurrency-mode trace file's session (WL-20)
-                self.col = self.col.on_session_metadata(uuid, req.session_id, 0)
+            if req.session_id is not None:  # DRV-2: its session (WL-20, DRV-17)
+                self.col = self.col.on_session_metadata(uuid, req.session_id, req.turn_index)
             if uuid in self.requests:
                 raise ReplayError(f"offline disagg replay request {uuid} is already active", rule="DIS-2")
             h = handoff_id_for(uuid)

@@ -14,7 +14,7 @@ from model.protocol import Submit
 from model.report import TerminalStatus, TraceCollector
 from model.workload import ReplayRequest
 
-from .admission import Admission, record_visible_pass, to_direct
+from .admission import WorkloadAdmission, make_admission, record_visible_pass, to_direct
 from .common import ReplayDeadEnd, ReplayError
 from .dead_end import StuckWorker
 from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
@@ -33,7 +33,7 @@ def run_single(
     """DRV-9: replay ``requests`` on one worker; returns the filled collector."""
     col = collector.set_static_worker_count(0, 1).set_gpus_per_worker(0, args.aic_gpus_per_worker())
     core = C.new_core(args)
-    adm = Admission(requests, concurrency)
+    adm = make_admission(requests, concurrency)
     now = 0.0
     no_progress = 0
     done = 0
@@ -50,6 +50,10 @@ def run_single(
 
     def enqueue_concurrency() -> None:
         available = max(concurrency - C.num_requests(core), 0)
+        if isinstance(adm, WorkloadAdmission):  # DRV-17: the driver's session cap applies too
+            for req, _ in adm.driver.pop_ready(now, available):
+                record_arrival(req, now)
+            return
         for _ in range(available):
             if not adm.pending:
                 break
@@ -71,6 +75,8 @@ def run_single(
             or bool(res.output_signals)
             or bool(res.kv_events)
         )
+        for s in [s for s in res.output_signals if s.completed]:
+            adm.on_request_completed(s.uuid.value, now)  # DRV-17
         for s in [s for s in res.output_signals if s.completed]:
             status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
             col = col.on_terminal(s.uuid.value, status)
@@ -114,6 +120,10 @@ def run_single(
             if C.is_empty(core):
                 if adm.is_drained():
                     break
-                raise ReplayError("trace replay reached an idle state without a pending arrival", rule="DRV-10")
+                nxt = adm.next_ready_time_ms()  # a session's next turn after its think time (DRV-17)
+                if nxt is None:
+                    raise ReplayError("trace replay reached an idle state without a pending arrival", rule="DRV-10")
+                now = nxt
+                continue
             drive_worker(False)
     return col
