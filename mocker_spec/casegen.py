@@ -87,8 +87,8 @@ def _trace(rng: random.Random, trace_block_size: int) -> List[Dict[str, Any]]:
     return rows
 
 
-def generate_case(seed: int, index: int, concurrency: bool = False,
-                  extra_args: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: bool = False,
+                  sessions: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``.
 
     The variants draw the same case, then change it from streams of their own, so the plain
@@ -101,7 +101,10 @@ def generate_case(seed: int, index: int, concurrency: bool = False,
       defaults: ``startup_time``, ``aic_tp_size`` / ``aic_attention_dp_size`` (GPU counts of the
       worker-hours, ARGS-17), ``kv_bytes_per_token`` / ``kv_transfer_bandwidth`` /
       ``kv_transfer_timing_mode`` (transfer timing, TIME-12..TIME-14; a bandwidth of 0 is rare and
-      fails the disaggregated replay) and ``router_queue_policy``."""
+      fails the disaggregated replay) and ``router_queue_policy``;
+    - ``sessions`` groups the rows into multi-turn sessions (``session_id``; a later turn keeps its
+      timestamp, so its think time is inferred, or gets a ``delay`` of 0-40 ms instead), run by the
+      session workload driver (spec/replay.md DRV-17)."""
     case, rows = _generate_case(seed, index)
     if concurrency:
         rng = random.Random(f"mocker-spec-casegen-concurrency:{seed}:{index}")
@@ -109,6 +112,22 @@ def generate_case(seed: int, index: int, concurrency: bool = False,
             case["replay_concurrency"] = rng.randint(1, 8)
         if rng.random() < 0.33:
             rng.shuffle(rows)
+    if sessions:
+        rng = random.Random(f"mocker-spec-casegen-sessions:{seed}:{index}")
+        count = rng.randint(1, max(1, len(rows) // 2))
+        by_delay = rng.random() < 0.5
+        last: Dict[str, float] = {}
+        for row in rows:
+            sid = f"s{rng.randrange(count)}"
+            row["session_id"] = sid
+            # a later turn stamped before its session's previous one (rows shuffled by the
+            # concurrency variant) would be refused for its negative think time: give it a delay
+            backwards = sid in last and row["timestamp"] < last[sid]
+            if sid in last and (backwards or (by_delay and rng.random() < 0.7)):
+                del row["timestamp"]
+                row["delay"] = rng.choice([0.0, 3.5, 40.0])
+            else:
+                last[sid] = row["timestamp"]
     if extra_args:
         rng = random.Random(f"mocker-spec-casegen-extra-args:{seed}:{index}")
         for key in ("engine_args", "prefill_engine_args", "decode_engine_args"):
@@ -160,13 +179,14 @@ def _generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str
 
 
 def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: bool = False,
-                extra_args: bool = False) -> List[Path]:
+                extra_args: bool = False, sessions: bool = False) -> List[Path]:
     """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each:
-    ``gen-*``, with the variants ``genc-*``, ``genx-*`` or ``gencx-*``)."""
+    ``gen-*``; a variant adds ``c`` (concurrency), ``x`` (extra args), ``s`` (sessions), e.g.
+    ``gencs-*``)."""
     dirs = []
-    prefix = "gen" + ("c" if concurrency else "") + ("x" if extra_args else "")
+    prefix = "gen" + ("c" if concurrency else "") + ("x" if extra_args else "") + ("s" if sessions else "")
     for i in range(start, start + count):
-        case, rows = generate_case(seed, i, concurrency, extra_args)
+        case, rows = generate_case(seed, i, concurrency, extra_args, sessions)
         d = out / f"{prefix}-{seed}-{i:04d}"
         d.mkdir(parents=True, exist_ok=True)
         (d / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")

@@ -123,6 +123,10 @@ def _job_from_args(args: argparse.Namespace) -> dict:
         "trace_block_size": args.trace_block_size,
         "replay_concurrency": args.replay_concurrency,
     }
+    if args.max_sim_time_ms is not None:
+        if args.trace_file is None:
+            raise _BadInput(f"--max-sim-time-ms={args.max_sim_time_ms}: only supported for trace-file replay")
+        job["max_sim_time_ms"] = args.max_sim_time_ms
     if prefill is not None or decode is not None:
         if extra is not None:
             raise _BadInput("--extra-engine-args: cannot be combined with --prefill-engine-args/--decode-engine-args")
@@ -359,6 +363,8 @@ def _add_replay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-tokens", type=int, help="synthetic: output length")
     p.add_argument("--num-requests", "--request-count", dest="num_requests", type=int, help="synthetic: request count")
     p.add_argument("--arrival-interval-ms", type=float, default=1.0, help="synthetic: arrival spacing")
+    p.add_argument("--max-sim-time-ms", type=float,
+                   help="stop once the next simulated timestamp passes this (trace files; spec/replay.md DRV-18)")
 
 
 def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
@@ -384,7 +390,8 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     if problem:
         messages.error(f"--out={args.out!r}: {problem}")
         return 2
-    dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency, args.extra_args)
+    dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency, args.extra_args,
+                       args.sessions)
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
@@ -437,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also draw replay_concurrency and shuffled row orders (genc-* cases; spec/replay.md WL-20)")
     p.add_argument("--extra-args", action="store_true",
                    help="also draw transfer, start-up, GPU-count and router-queue engine args (genx-* cases)")
+    p.add_argument("--sessions", action="store_true",
+                   help="group the rows into multi-turn sessions (gen*s-* cases; spec/replay.md DRV-17)")
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_gen_cases)

@@ -37,7 +37,7 @@ import attrs
 from model.engine_args import engine_args_from_json
 from model.errors import InvalidInput
 from model.report import SUMMARY_WALL_CLOCK_KEYS, finish
-from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, run_replay
+from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_setup, run_replay
 from model.workload import FlatWorkload, synthetic_replay_workload
 
 from .formats import load_concurrency_trace_file, load_trace_file
@@ -144,6 +144,8 @@ try:
     if job.get("trace_file") is not None:
         kw["trace_block_size"] = job.get("trace_block_size", 512)
         kw["report_jsonl_path"] = job["report_path"]
+        if job.get("max_sim_time_ms") is not None:
+            kw["max_sim_time_ms"] = job["max_sim_time_ms"]
         summary = c.run_mocker_trace_replay([job["trace_file"]], **kw)
         rows = [json.loads(l) for l in open(job["report_path"]) if l.strip()]
     else:
@@ -270,6 +272,7 @@ def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
         num_decode_workers=job.get("num_decode_workers", 1),
         replay_concurrency=job.get("replay_concurrency"),
         router_mode=job.get("router_mode", "round_robin"),
+        max_sim_time_ms=job.get("max_sim_time_ms"),
     )
     if job.get("mode", "agg") == "agg":
         return ReplaySetup(engine_args=parse("engine_args"), **common)
@@ -309,6 +312,7 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
 def run_model(job: Mapping[str, Any]) -> Outcome:
     """Run the oracle on ``job``; bad input propagates as :class:`InvalidInput`."""
     setup = setup_from_job(job)
+    check_setup(setup)  # before the workload, as upstream checks its arguments before the trace
     workload = workload_from_job(job, setup)
     try:
         col = run_replay(setup, workload)

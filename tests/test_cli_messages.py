@@ -140,3 +140,13 @@ def test_speedup_ratio_is_ignored_in_concurrency_mode(tmp_path, capsys):
     assert json.loads(summ.read_text())["num_requests"] > 0
     assert main(["replay", str(TRACE), "--arrival-speedup-ratio", "0", "--no-progress"]) == 2
     _one_error_line(capsys, "--arrival-speedup-ratio=0.0")
+
+
+def test_max_sim_time_flag_is_checked(capsys):
+    """DRV-18: only with a trace file, and finite and >= 0 (the binding's own message)."""
+    assert main(["replay", "--num-requests", "2", "--input-tokens", "4", "--output-tokens", "2",
+                 "--max-sim-time-ms", "10"]) == 2
+    _one_error_line(capsys, "--max-sim-time-ms=10.0", "trace-file")
+    for bad in ("-1", "nan", "inf"):
+        assert main(["replay", str(TRACE), "--max-sim-time-ms", bad, "--no-progress"]) == 2
+        _one_error_line(capsys, "max_sim_time_ms must be a finite, non-negative value")

@@ -724,6 +724,28 @@ def test_casegen_extra_args_variant_adds_only_valid_defaults_overrides():
     assert seen == extra
 
 
+def test_casegen_sessions_variant_groups_rows_into_valid_multi_turn_sessions():
+    """``gen-cases --sessions`` (spec/replay.md DRV-17): the plain case's rows, each given a session;
+    some later turns trade their timestamp for a delay; every trace loads, and the family has
+    multi-turn sessions on both paths (timestamps and delays)."""
+    from mocker_spec.casegen import generate_case
+    from model.workload import SessionWorkload, load_trace_workload
+
+    multi = delays = 0
+    for i in range(40):
+        base, base_rows = generate_case(47, i)
+        case, rows = generate_case(47, i, sessions=True)
+        assert case == base and len(rows) == len(base_rows)
+        for a, b in zip(rows, base_rows):
+            assert {k: v for k, v in a.items() if k not in ("session_id", "delay", "timestamp")} == \
+                {k: v for k, v in b.items() if k != "timestamp"}
+        w = load_trace_workload(list(enumerate(rows, start=1)), case["trace_block_size"],
+                                case.get("arrival_speedup_ratio", 1.0))
+        multi += isinstance(w, SessionWorkload)
+        delays += any("delay" in r for r in rows)
+    assert multi >= 20 and delays >= 5
+
+
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
 def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
     """LIVE-5: the compiled build hangs on both (recorded as timeout). SGLang variant on the

@@ -13,6 +13,7 @@ implementing that interface (vLLM/TRT-LLM now, SGLang when it lands) plugs in.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional, Union
 
 import attrs
@@ -52,6 +53,8 @@ class ReplaySetup:
     num_decode_workers: int = 1
     replay_concurrency: Optional[int] = None
     router_mode: str = "round_robin"
+    #: DRV-18: stop the scheduling loop once the next timestamp passes this (None: no cap)
+    max_sim_time_ms: Optional[float] = None
 
     @property
     def is_disagg(self) -> bool:
@@ -59,7 +62,13 @@ class ReplaySetup:
 
 
 def check_setup(setup: ReplaySetup) -> None:
-    """DRV-1: upstream's argument checks, in its order (validate.rs:9-173; binding:1689-1695)."""
+    """DRV-1: upstream's argument checks, in its order (validate.rs:9-173; binding:1689-1695);
+    DRV-18: the binding's check of ``max_sim_time_ms``."""
+    cap = setup.max_sim_time_ms
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap)
+                            or cap < 0.0):
+        raise InvalidInput("max_sim_time_ms", cap, "max_sim_time_ms must be a finite, non-negative value",
+                           rule="DRV-18")
     for name in ("num_workers", "num_prefill_workers", "num_decode_workers"):
         v = getattr(setup, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -122,14 +131,15 @@ def run_replay(
     if capture_per_request:
         col = col.with_capture_per_request()
     conc = setup.replay_concurrency
+    cap = setup.max_sim_time_ms
     if isinstance(workload, SessionWorkload):  # DRV-17: the session workload driver
         reqs = WorkloadDriver(workload.trace, conc, workload.accumulate_deltas)
     else:
         reqs = workload.requests
     if setup.is_disagg:
         return run_disagg(setup.prefill_args, setup.decode_args, setup.num_prefill_workers, setup.num_decode_workers,
-                          reqs, conc, col, on_progress)
+                          reqs, conc, col, on_progress, max_sim_time_ms=cap)
     args = setup.engine_args or EngineArgs()
     if setup.num_workers == 1 and setup.router_mode != "kv_router":
-        return run_single(args, reqs, conc, col, on_progress)
-    return run_agg(args, setup.num_workers, reqs, conc, col, on_progress)
+        return run_single(args, reqs, conc, col, on_progress, max_sim_time_ms=cap)
+    return run_agg(args, setup.num_workers, reqs, conc, col, on_progress, max_sim_time_ms=cap)

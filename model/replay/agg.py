@@ -26,6 +26,7 @@ class _AggRun:
         self.pool = Pool("aggregated", args, num_workers, visible=True)
         self.events = EventHeap()
         self.adm = make_admission(requests, concurrency)
+        self.max_sim_time_ms: Optional[float] = None
         self.col = collector.set_gpus_per_worker(0, args.aic_gpus_per_worker())
         self.on_progress = on_progress
         self.done_count = 0
@@ -145,6 +146,8 @@ class _AggRun:
                     f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-16",
                     stuck=self.pool.stuck(),
                 )
+            if self.max_sim_time_ms is not None and nxt > self.max_sim_time_ms:  # DRV-18
+                break
             self.advance_now(nxt)
             self.drain_current_timestamp()
         return self.col
@@ -157,6 +160,11 @@ def run_agg(
     concurrency: Optional[int],
     collector: TraceCollector,
     on_progress: Optional[Callable[[int, int], None]] = None,
+    *,
+    max_sim_time_ms: Optional[float] = None,
 ) -> TraceCollector:
-    """DRV-12: replay ``requests`` on ``num_workers`` aggregated workers, round-robin at arrival."""
-    return _AggRun(args, num_workers, requests, concurrency, collector, on_progress).run()
+    """DRV-12: replay ``requests`` on ``num_workers`` aggregated workers, round-robin at arrival
+    (DRV-18: until the next timestamp passes ``max_sim_time_ms``)."""
+    run = _AggRun(args, num_workers, requests, concurrency, collector, on_progress)
+    run.max_sim_time_ms = max_sim_time_ms
+    return run.run()

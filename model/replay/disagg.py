@@ -185,6 +185,7 @@ class _DisaggRun:
         self.next_prefill_idx = 0
         self.next_decode_idx = 0
         self.adm = make_admission(requests, concurrency)
+        self.max_sim_time_ms: Optional[float] = None
         self.prefill = Pool(PREFILL, prefill_args, num_prefill, visible=False)
         self.decode = Pool(DECODE, decode_args, num_decode, visible=True)
         self.requests: Dict[str, _Request] = {}
@@ -631,6 +632,8 @@ class _DisaggRun:
                     f"offline disagg replay reached a dead end with {n} in-flight requests remaining", n, rule="DIS-15",
                     stuck=self.prefill.stuck() + self.decode.stuck(),
                 )
+            if self.max_sim_time_ms is not None and nxt > self.max_sim_time_ms:  # DRV-18
+                break
             self.advance_now(nxt)
             self.drain_current_timestamp()
         return self.col
@@ -645,8 +648,12 @@ def run_disagg(
     concurrency: Optional[int],
     collector: TraceCollector,
     on_progress: Optional[Callable[[int, int], None]] = None,
+    *,
+    max_sim_time_ms: Optional[float] = None,
 ) -> TraceCollector:
-    """DIS-1: replay ``requests`` through prefill and decode pools with the handoff coordinator."""
+    """DIS-1: replay ``requests`` through prefill and decode pools with the handoff coordinator
+    (DRV-18: until the next timestamp passes ``max_sim_time_ms``)."""
     run = _DisaggRun(prefill_args, decode_args, num_prefill_workers, num_decode_workers, requests, concurrency,
                      collector, on_progress)
+    run.max_sim_time_ms = max_sim_time_ms
     return run.run()

@@ -29,8 +29,11 @@ def run_single(
     concurrency: Optional[int],
     collector: TraceCollector,
     on_progress: Optional[Callable[[int, int], None]] = None,
+    *,
+    max_sim_time_ms: Optional[float] = None,
 ) -> TraceCollector:
-    """DRV-9: replay ``requests`` on one worker; returns the filled collector."""
+    """DRV-9: replay ``requests`` on one worker; returns the filled collector (DRV-18: the loop
+    stops once the clock has passed ``max_sim_time_ms``)."""
     col = collector.set_static_worker_count(0, 1).set_gpus_per_worker(0, args.aic_gpus_per_worker())
     core = C.new_core(args)
     adm = make_admission(requests, concurrency)
@@ -105,6 +108,8 @@ def run_single(
             detector.reset()
 
     while not (C.is_empty(core) and adm.is_drained()):
+        if max_sim_time_ms is not None and now > max_sim_time_ms:  # DRV-18
+            break
         if concurrency is None:
             enqueue_trace()
             if C.is_empty(core):
