@@ -123,6 +123,9 @@ def _job_from_args(args: argparse.Namespace) -> dict:
         "trace_block_size": args.trace_block_size,
         "replay_concurrency": args.replay_concurrency,
     }
+    for name in ("ttft", "itl", "e2e"):
+        if getattr(args, f"sla_{name}_ms") is not None:
+            job[f"sla_{name}_ms"] = getattr(args, f"sla_{name}_ms")
     if args.max_sim_time_ms is not None:
         if args.trace_file is None:
             raise _BadInput(f"--max-sim-time-ms={args.max_sim_time_ms}: only supported for trace-file replay")
@@ -365,6 +368,9 @@ def _add_replay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arrival-interval-ms", type=float, default=1.0, help="synthetic: arrival spacing")
     p.add_argument("--max-sim-time-ms", type=float,
                    help="stop once the next simulated timestamp passes this (trace files; spec/replay.md DRV-18)")
+    for name in ("ttft", "itl", "e2e"):
+        p.add_argument(f"--sla-{name}-ms", type=float,
+                       help=f"goodput: a completed request is good only if its {name.upper()} is at most this (REP-12)")
 
 
 def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:

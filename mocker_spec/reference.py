@@ -36,7 +36,7 @@ import attrs
 
 from model.engine_args import engine_args_from_json
 from model.errors import InvalidInput
-from model.report import SUMMARY_WALL_CLOCK_KEYS, finish
+from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
 from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_setup, run_replay
 from model.workload import FlatWorkload, synthetic_replay_workload
 
@@ -133,6 +133,9 @@ kw = dict(router_mode=job.get("router_mode", "round_robin"),
           arrival_speedup_ratio=job.get("arrival_speedup_ratio", 1.0))
 if job.get("replay_concurrency") is not None:
     kw["replay_concurrency"] = job["replay_concurrency"]
+for key in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms"):
+    if job.get(key) is not None:
+        kw[key] = job[key]
 if job["mode"] == "agg":
     if job.get("engine_args") is not None:
         kw["extra_engine_args"] = mk(job["engine_args"])
@@ -273,6 +276,7 @@ def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
         replay_concurrency=job.get("replay_concurrency"),
         router_mode=job.get("router_mode", "round_robin"),
         max_sim_time_ms=job.get("max_sim_time_ms"),
+        sla=SlaThresholds(job.get("sla_ttft_ms"), job.get("sla_itl_ms"), job.get("sla_e2e_ms")),
     )
     if job.get("mode", "agg") == "agg":
         return ReplaySetup(engine_args=parse("engine_args"), **common)

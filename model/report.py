@@ -28,7 +28,7 @@ from pyrsistent import PVector, pvector
 
 from .frozen import EMPTY as _EMPTY_MAP, FrozenDict, adopt as _adopt, draft as _draft
 
-from model.errors import InvalidInput
+from model.errors import InvalidInput, rust_display
 
 __all__ = [
     "TerminalStatus",
@@ -234,13 +234,15 @@ class RequestTimeline:
 
 
 def _check_sla(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
+    name = f"sla_{attribute.name}"  # the binding's argument name
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInput(attribute.name, value, "must be a number", rule="REP-12")
+        raise InvalidInput(name, value, "must be a number", rule="REP-12")
     if not math.isfinite(value) or value < 0:
         raise InvalidInput(
-            attribute.name, value, "must be a finite, non-negative value", rule="REP-12"
+            name, value, f"{name} must be a finite, non-negative value, got {rust_display(float(value))}",
+            rule="REP-12",
         )
 
 

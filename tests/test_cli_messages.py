@@ -150,3 +150,14 @@ def test_max_sim_time_flag_is_checked(capsys):
     for bad in ("-1", "nan", "inf"):
         assert main(["replay", str(TRACE), "--max-sim-time-ms", bad, "--no-progress"]) == 2
         _one_error_line(capsys, "max_sim_time_ms must be a finite, non-negative value")
+
+
+def test_sla_flags_reach_the_summary(tmp_path, capsys):
+    """REP-12: --sla-*-ms add the goodput keys; a negative threshold is bad input."""
+    summ = tmp_path / "s.json"
+    assert main(["replay", str(TRACE), "--sla-ttft-ms", "1e9", "--summary-json", str(summ), "--no-progress"]) == 0
+    capsys.readouterr()
+    s = json.loads(summ.read_text())
+    assert s["goodput_completed_requests"] == s["completed_requests"] > 0  # nobody misses a 1e9 ms TTFT
+    assert main(["replay", str(TRACE), "--sla-e2e-ms", "-1", "--no-progress"]) == 2
+    _one_error_line(capsys, "sla_e2e_ms must be a finite, non-negative value, got -1")

@@ -519,9 +519,10 @@ def test_goodput_absent_without_sla() -> None:
 
 def test_sla_thresholds_reject_negative_or_non_finite() -> None:
     """REP-12: upstream ``validate_sla_threshold``."""
-    for bad in (-1.0, math.inf, math.nan):
-        with pytest.raises(InvalidInput):
+    for bad, shown in ((-1.0, "-1"), (math.inf, "inf"), (math.nan, "NaN")):  # texts from the compiled build
+        with pytest.raises(InvalidInput) as err:
             SlaThresholds(ttft_ms=bad)
+        assert err.value.reason == f"sla_ttft_ms must be a finite, non-negative value, got {shown}"
     assert SlaThresholds(e2e_ms=0.0).is_set
 
 

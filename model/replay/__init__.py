@@ -20,7 +20,7 @@ import attrs
 
 from model.engine_args import EngineArgs, check_aggregated_replay_args, check_disagg_replay_args
 from model.errors import InvalidInput
-from model.report import TraceCollector
+from model.report import SlaThresholds, TraceCollector
 from model.workload import FlatWorkload, SessionWorkload
 
 from .admission import WorkloadDriver
@@ -55,6 +55,8 @@ class ReplaySetup:
     router_mode: str = "round_robin"
     #: DRV-18: stop the scheduling loop once the next timestamp passes this (None: no cap)
     max_sim_time_ms: Optional[float] = None
+    #: REP-12: goodput thresholds (validated when built, as the binding checks its arguments)
+    sla: SlaThresholds = attrs.field(factory=SlaThresholds)
 
     @property
     def is_disagg(self) -> bool:
@@ -128,6 +130,8 @@ def run_replay(
     """
     check_setup(setup)
     col = collector if collector is not None else TraceCollector()
+    if setup.sla.is_set:
+        col = col.with_sla(setup.sla)
     if capture_per_request:
         col = col.with_capture_per_request()
     conc = setup.replay_concurrency
