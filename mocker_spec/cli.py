@@ -126,6 +126,10 @@ def _job_from_args(args: argparse.Namespace) -> dict:
     for name in ("ttft", "itl", "e2e"):
         if getattr(args, f"sla_{name}_ms") is not None:
             job[f"sla_{name}_ms"] = getattr(args, f"sla_{name}_ms")
+    if args.trace_format != "mooncake":
+        if args.trace_file is None:
+            raise _BadInput(f"--trace-format={args.trace_format!r}: only used with a trace file")
+        job["trace_format"] = args.trace_format
     if args.max_sim_time_ms is not None:
         if args.trace_file is None:
             raise _BadInput(f"--max-sim-time-ms={args.max_sim_time_ms}: only supported for trace-file replay")
@@ -362,6 +366,8 @@ def _add_replay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--router-mode", choices=("round_robin", "kv_router"), default="round_robin")
     p.add_argument("--arrival-speedup-ratio", type=float, default=1.0)
     p.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash id in the trace (default 512)")
+    p.add_argument("--trace-format", default="mooncake",
+                   help="mooncake (default) or mooncake-delta: a session's turns append to its prompt (WL-18)")
     p.add_argument("--input-tokens", type=int, help="synthetic: prompt length")
     p.add_argument("--output-tokens", type=int, help="synthetic: output length")
     p.add_argument("--num-requests", "--request-count", dest="num_requests", type=int, help="synthetic: request count")

@@ -98,10 +98,12 @@ def load_trace_file(
 
 
 def load_concurrency_trace_file(
-    path: str | os.PathLike[str], trace_block_size: int = 512, *, validate: bool = True
+    path: str | os.PathLike[str], trace_block_size: int = 512, *, validate: bool = True,
+    accumulate_deltas: bool = False,
 ) -> FlatWorkload | SessionWorkload:
     """WL-20: a trace file replayed with ``replay_concurrency`` (``model.workload.load_concurrency_trace_workload``)."""
-    return load_concurrency_trace_workload(_rows(read_trace_lines(path)), trace_block_size, validate=validate)
+    return load_concurrency_trace_workload(_rows(read_trace_lines(path)), trace_block_size, validate=validate,
+                                           accumulate_deltas=accumulate_deltas)
 
 
 # ---------------------------------------------------------------------------

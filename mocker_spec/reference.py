@@ -38,7 +38,7 @@ from model.engine_args import engine_args_from_json
 from model.errors import InvalidInput
 from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
 from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_setup, run_replay
-from model.workload import FlatWorkload, synthetic_replay_workload
+from model.workload import FlatWorkload, canonical_trace_format, synthetic_replay_workload
 
 from .formats import load_concurrency_trace_file, load_trace_file
 
@@ -147,6 +147,8 @@ try:
     if job.get("trace_file") is not None:
         kw["trace_block_size"] = job.get("trace_block_size", 512)
         kw["report_jsonl_path"] = job["report_path"]
+        if job.get("trace_format") is not None:
+            kw["trace_format"] = job["trace_format"]
         if job.get("max_sim_time_ms") is not None:
             kw["max_sim_time_ms"] = job["max_sim_time_ms"]
         summary = c.run_mocker_trace_replay([job["trace_file"]], **kw)
@@ -291,10 +293,15 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
     """The workload of a job: a trace file (WL-14) or synthetic requests (WL-16/WL-17)."""
     ratio = job.get("arrival_speedup_ratio", 1.0)
     if job.get("trace_file") is not None:
+        fmt = canonical_trace_format(job.get("trace_format", "mooncake"))
+        if fmt == "mooncake-delta" and setup.is_disagg:  # WL-18 (entrypoints.rs:308-310, 726-728)
+            raise InvalidInput("trace_format", fmt, "mooncake-delta trace format is not supported for disaggregated "
+                               "replay", rule="WL-18")
         if job.get("replay_concurrency") is not None:  # WL-20: the concurrency workload driver
             return load_concurrency_trace_file(job["trace_file"], job.get("trace_block_size", 512),
-                                               validate=not setup.is_disagg)
-        return load_trace_file(job["trace_file"], job.get("trace_block_size", 512), ratio)
+                                               validate=not setup.is_disagg,
+                                               accumulate_deltas=fmt == "mooncake-delta")
+        return load_trace_file(job["trace_file"], job.get("trace_block_size", 512), ratio, fmt)
     s = job["synthetic"]
     args = setup.prefill_args if setup.is_disagg else setup.engine_args
     block_size = args.block_size if args is not None else 64

@@ -59,6 +59,7 @@ __all__ = [
     "to_single_turn_requests",
     "normalize_trace_requests",
     "load_trace_workload",
+    "canonical_trace_format",
     "workload_from_trace",
     "synthetic_token_id",
     "synthetic_requests",
@@ -573,6 +574,21 @@ class SessionWorkload:
     accumulate_deltas: bool = False
 
 
+def canonical_trace_format(trace_format: str) -> str:
+    """WL-19: the binding's names (``mooncake_delta`` spells ``mooncake-delta``); the agentic
+    formats exist upstream but are not modelled; anything else is refused with the binding's text."""
+    if trace_format in ("mooncake", "mooncake-delta"):
+        return trace_format
+    if trace_format == "mooncake_delta":
+        return "mooncake-delta"
+    if trace_format in ("agentic_mooncake", "agentic-mooncake", "applied_compute_agentic"):
+        raise InvalidInput("trace_format", trace_format,
+                           "only 'mooncake' and 'mooncake-delta' are modelled", rule="WL-19")
+    raise InvalidInput("trace_format", trace_format,
+                       "trace_format must be 'mooncake', 'mooncake-delta', 'agentic_mooncake'/'agentic-mooncake', "
+                       f"or 'applied_compute_agentic', got '{trace_format}'", rule="WL-19")
+
+
 def load_trace_workload(
     rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]],
     trace_block_size: int = 512,
@@ -585,9 +601,7 @@ def load_trace_workload(
     check), then validate.  Single-turn traces give a :class:`FlatWorkload`
     (request ``i`` of the file gets uuid ``i+1``), others a :class:`SessionWorkload`.
     """
-    if trace_format not in ("mooncake", "mooncake-delta"):
-        raise InvalidInput("trace_format", trace_format,
-                           "only 'mooncake' and 'mooncake-delta' are modelled", rule="WL-19")
+    trace_format = canonical_trace_format(trace_format)
     trace = speed_up_timing(normalize_session_starts(trace_from_mooncake_rows(rows, trace_block_size)),
                             arrival_speedup_ratio)
     return workload_from_trace(trace, trace_format)
@@ -611,6 +625,7 @@ def load_concurrency_trace_workload(
     trace_block_size: int = 512,
     *,
     validate: bool = True,
+    accumulate_deltas: bool = False,
 ) -> FlatWorkload | SessionWorkload:
     """WL-20: a ``mooncake`` trace file replayed with ``replay_concurrency`` (closed loop).
 
@@ -625,7 +640,7 @@ def load_concurrency_trace_workload(
     if validate:
         validate_for_concurrency_mode(trace)
     if not is_single_turn(trace):
-        return SessionWorkload(trace)
+        return SessionWorkload(trace, accumulate_deltas=accumulate_deltas)
     return FlatWorkload(
         attrs.evolve(r, arrival_timestamp_ms=None, session_id=s.session_id)
         for r, s in zip(to_single_turn_requests(trace), trace.sessions)

@@ -779,6 +779,20 @@ FID7_CASES = {
 }
 
 
+def test_fid9_delta_prompts_follow_the_pinned_source():
+    """FID-9 (known difference): with ``mooncake-delta`` the pinned driver appends only each turn's
+    own tokens to the session's prompt (WL-18, DRV-17): 16, 16+16, 32+8.  The compiled build also
+    appends the tokens the previous turn generated (5, then 3): 16, 37, 48, and its third turn
+    reuses 20 tokens on the worker that ran the first (the 16 prompt tokens and a full block of 4
+    generated ones), which only matches if the appended tokens are the generated ones."""
+    ours, ref, div = check_case(DIVERGENT / "fid-9-delta-generated-tokens")
+    assert ref.status == "ok" and ours.status == "ok" and div is not None
+    by_turn = lambda out: [(r["input_length"], r["reused_input_tokens"])
+                           for r in sorted(out.records, key=lambda r: r["turn_index"])]
+    assert by_turn(ours) == [(16, 0), (32, 0), (40, 16)]
+    assert by_turn(ref) == [(16, 0), (16 + 5 + 16, 0), (37 + 3 + 8, 16 + 4)]
+
+
 @pytest.mark.parametrize("case", sorted(FID7_CASES))
 def test_fid7_partial_chunk_blocks_reused_per_pinned_source(case):
     """FID-7 (known difference): the pinned source keeps the blocks a failing prefill chunk did get

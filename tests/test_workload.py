@@ -519,3 +519,19 @@ def test_concurrency_trace_with_several_turns_stays_on_the_session_path() -> Non
     """WL-20: a multi-turn file takes the session path (run by the workload driver, DRV-17)."""
     base = {"output_length": 1, "hash_ids": [1], "session_id": "s"}
     assert isinstance(load_concurrency_trace_workload(rows_of(base, {**base, "delay": 2.0}), 4), SessionWorkload)
+
+
+def test_trace_format_names_follow_the_binding() -> None:
+    """WL-18/WL-19: ``mooncake_delta`` is another spelling; the agentic formats exist upstream but
+    are not modelled; any other name gets the pinned binding's list (replay.rs:1668-1686; the
+    compiled build, newer, also lists 'dynamo')."""
+    from model.workload import canonical_trace_format
+
+    assert canonical_trace_format("mooncake_delta") == "mooncake-delta"
+    assert canonical_trace_format("mooncake") == "mooncake"
+    with pytest.raises(InvalidInput, match="only 'mooncake' and 'mooncake-delta' are modelled"):
+        canonical_trace_format("agentic-mooncake")
+    with pytest.raises(InvalidInput) as err:
+        canonical_trace_format("csv")
+    assert err.value.reason == ("trace_format must be 'mooncake', 'mooncake-delta', "
+                                "'agentic_mooncake'/'agentic-mooncake', or 'applied_compute_agentic', got 'csv'")
