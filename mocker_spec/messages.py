@@ -28,28 +28,10 @@ def literal(text: str, style: Optional[str] = None) -> Text:
     return Text(text, style=style or "")
 
 
-def output_file_problem(path: str) -> Optional[str]:
-    """Why ``path`` cannot receive an output file, checked before a run starts (or None)."""
+def _ancestor_problem(path: str) -> Optional[str]:
+    """Why the nearest existing ancestor of ``path`` cannot hold what will be created (or None)."""
     import os
 
-    if os.path.isdir(path):
-        return "is a directory"
-    parent = os.path.dirname(os.path.abspath(path))
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if parent and not os.path.isdir(parent):
-        return f"{parent!r} is not a directory"
-    if parent and not os.access(parent, os.W_OK):
-        return f"{parent!r} is not writable"
-    return None
-
-
-def output_dir_problem(path: str) -> Optional[str]:
-    """Why ``path`` cannot be (or be created as) an output directory (or None)."""
-    import os
-
-    if os.path.exists(path) and not os.path.isdir(path):
-        return "exists and is not a directory"
     probe = os.path.abspath(path)
     while probe and not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -58,3 +40,21 @@ def output_dir_problem(path: str) -> Optional[str]:
     if probe and not os.access(probe, os.W_OK):
         return f"{probe!r} is not writable"
     return None
+
+
+def output_file_problem(path: str) -> Optional[str]:
+    """Why ``path`` cannot receive an output file, checked before a run starts (or None)."""
+    import os
+
+    if os.path.isdir(path):
+        return "is a directory"
+    return _ancestor_problem(os.path.dirname(os.path.abspath(path)))
+
+
+def output_dir_problem(path: str) -> Optional[str]:
+    """Why ``path`` cannot be (or be created as) an output directory (or None)."""
+    import os
+
+    if os.path.exists(path) and not os.path.isdir(path):
+        return "exists and is not a directory"
+    return _ancestor_problem(path)
