@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import attrs
 
+from model.core import new_core
 from model.engine_args import EngineArgs, engine_args_from_json
 from model.errors import ModelError
 from model.protocol import DirectRequest
@@ -178,6 +179,11 @@ class Scenario:
 # ---------------------------------------------------------------------------------------------
 
 
+#: SCN-3: the longest prompt a scenario request may have; each request's private tokens and each
+#: segment name get a token range of this size, so a longer prompt would run into the next one
+MAX_PROMPT_TOKENS = 100_000
+
+
 def _segment_base(name: str) -> int:
     return 100_000_000 + (zlib.crc32(name.encode("utf-8")) % 20_000) * 100_000
 
@@ -200,14 +206,19 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
             raise ScenarioError(f"{where}: segments must be a non-empty list of [name, length] pairs")
         for seg in segs:
             if (not isinstance(seg, list) or len(seg) != 2 or not isinstance(seg[0], str)
-                    or not isinstance(seg[1], int) or seg[1] < 1):
+                    or not isinstance(seg[1], int) or isinstance(seg[1], bool) or seg[1] < 1):
                 raise ScenarioError(f"{where}: a segment is [name, length >= 1], got {seg!r}")
+            if len(out) + seg[1] > MAX_PROMPT_TOKENS:
+                raise ScenarioError(f"{where}: segments={segs!r}: the prompt may have at most "
+                                    f"{MAX_PROMPT_TOKENS} tokens")
             base = _segment_base(seg[0])
             out.extend(base + j for j in range(seg[1]))
         return tuple(out)
     n = spec["prompt_len"]
-    if not isinstance(n, int) or n < 0:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ScenarioError(f"{where}: prompt_len must be an integer >= 0")
+    if n > MAX_PROMPT_TOKENS:
+        raise ScenarioError(f"{where}: prompt_len={n}: at most {MAX_PROMPT_TOKENS} tokens")
     base = (index + 1) * 1_000_000
     return tuple(base + j for j in range(n))
 
@@ -252,6 +263,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         raise ScenarioError("scenario.engine must be an engine-args object (spec/engine-args.md)")
     try:
         args = engine_args_from_json(dict(engine))
+        new_core(args)  # a core the model cannot build (an SGLang pool beyond POOL-1's bound) is bad input
     except ModelError as err:
         raise ScenarioError(f"scenario.engine: {err}") from err
 

@@ -231,6 +231,7 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     import gc
     import time
 
+    from model.errors import InternalInvariantBroken, InvalidInput
     from model.report import finish
     from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, run_replay
 
@@ -242,7 +243,12 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     except _BadInput as exc:
         messages.error(str(exc))
         return EXIT_BAD_INPUT
-    total = len(workload.requests)
+    from model.workload import SessionWorkload
+
+    if isinstance(workload, SessionWorkload):  # DRV-17: every turn of every session is a request
+        total = sum(len(s.turns) for s in workload.trace.sessions)
+    else:
+        total = len(workload.requests)
     started = time.perf_counter()
     # the replay allocates many short-lived frozen values and creates no reference cycles worth
     # collecting mid-run: a higher first-generation threshold saves ~15% of the wall time
@@ -271,6 +277,13 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
         return EXIT_DEAD_END
     except ReplayError as exc:
         messages.error(exc.message)
+        return 1
+    except InvalidInput as exc:
+        # an input only the running core refuses (vLLM with block_size 1: upstream panics there)
+        messages.error(str(exc))
+        return EXIT_BAD_INPUT
+    except InternalInvariantBroken as exc:
+        messages.error(f"upstream would panic here ({exc.rule}): {exc.message}")
         return 1
     finally:
         gc.set_threshold(*gc_thresholds)

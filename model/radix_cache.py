@@ -75,10 +75,20 @@ class TokenPool:
         return f"TokenPool(total={self.total}, available={self.size})"
 
 
+#: POOL-1: the largest pool the model builds.  Its free list is materialized (as upstream's is), at
+#: about 40 bytes a slot here against 8 there; beyond this a replay would exhaust the memory of
+#: the machine instead of failing cleanly (upstream aborts too, at about 2^33 slots on 24 GiB).
+MAX_POOL_SLOTS = 1 << 28
+
+
 def new_token_pool(total: int) -> TokenPool:
     """POOL-1: a pool of ``total`` slots with free list ``[total-1, ..., 1, 0]``."""
     if total < 0:
         raise InvalidInput("total_tokens", total, "must be >= 0", rule="POOL-1")
+    if total > MAX_POOL_SLOTS:
+        raise InvalidInput("total_tokens", total,
+                           f"an SGLang pool of {total} token slots is more than the model builds "
+                           f"({MAX_POOL_SLOTS}; num_gpu_blocks * block_size)", rule="POOL-1")
     return TokenPool(total=total, buf=pvector(range(total - 1, -1, -1)), size=total)
 
 
