@@ -204,7 +204,6 @@ class WorkloadAdmission:
         self.driver = driver
         self.concurrency = driver.concurrency
         self.total = driver.total
-        self.pending = ()  # the flat queue's attribute: a workload has no list of pending requests
 
     def next_ready_time_ms(self) -> Optional[float]:
         return self.driver.next_ready_time_ms()
