@@ -85,3 +85,58 @@ def test_delta_prompts_accumulate_per_session():
 def test_an_unknown_completion_is_an_error():
     with pytest.raises(ReplayError, match="unknown workload request completion"):
         WorkloadDriver(_trace()).on_request_completed("nope", 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# DRV-17 as properties: any trace, any completion order
+# ---------------------------------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SESSIONS = st.lists(
+    st.tuples(st.one_of(st.none(), st.sampled_from([0.0, 1.0, 2.5, 7.0])),
+              st.lists(st.sampled_from([0.0, 1.0, 4.0]), min_size=1, max_size=4)),
+    min_size=1, max_size=5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sessions=SESSIONS, cap=st.one_of(st.none(), st.integers(1, 3)), data=st.data())
+def test_driver_releases_every_turn_once_in_order_within_the_cap(sessions, cap, data):
+    """DRV-17: whatever the order in which released turns complete, every turn of every session is
+    released exactly once, a session's turns in order and one at a time, a turn never before its
+    think time has passed since the previous one completed, at most ``cap`` sessions are started
+    and unfinished at once, and the driver ends drained."""
+    trace = Trace(2, tuple(
+        SessionTrace(f"s{i}", first, tuple(_turn(10 * i + k, delay if k else 0.0) for k, delay in enumerate(delays)))
+        for i, (first, delays) in enumerate(sessions)))
+    d = WorkloadDriver(trace, max_active_sessions=cap)
+    now, running, done_at, released = 0.0, [], {}, []
+    for _ in range(200):
+        for req, at in d.pop_ready(now):
+            assert at <= now
+            s, k = req.session_id, req.turn_index
+            assert all(r[0] != s for r in running)  # one turn of a session at a time
+            assert k == sum(1 for x in released if x == s)  # turns in order
+            if k:
+                assert now >= done_at[s] + sessions[int(s[1:])][1][k]  # think time respected
+            running.append((s, req.uuid))
+            released.append(s)
+        if cap is not None:
+            started = {s for s in released}
+            finished = {s for s in started if released.count(s) == len(sessions[int(s[1:])][1])
+                        and all(r[0] != s for r in running)}
+            assert len(started - finished) <= cap
+        if running:
+            s, uuid = running.pop(data.draw(st.integers(0, len(running) - 1)))
+            now += data.draw(st.sampled_from([0.0, 0.5, 3.0]))
+            d.on_request_completed(uuid, now)
+            done_at[s] = now
+            continue
+        nxt = d.next_ready_time_ms()
+        if nxt is None:
+            break
+        assert nxt >= now
+        now = nxt
+    assert d.is_drained()
+    assert sorted(released) == sorted(f"s{i}" for i, (_, delays) in enumerate(sessions) for _ in delays)
