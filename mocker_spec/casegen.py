@@ -88,7 +88,7 @@ def _trace(rng: random.Random, trace_block_size: int) -> List[Dict[str, Any]]:
 
 
 def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: bool = False,
-                  sessions: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+                  sessions: bool = False, large: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``.
 
     The variants draw the same case, then change it from streams of their own, so the plain
@@ -104,8 +104,14 @@ def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: 
       fails the disaggregated replay) and ``router_queue_policy``;
     - ``sessions`` groups the rows into multi-turn sessions (``session_id``; a later turn keeps its
       timestamp, so its think time is inferred, or gets a ``delay`` of 0-40 ms instead), run by the
-      session workload driver (spec/replay.md DRV-17)."""
+      session workload driver (spec/replay.md DRV-17);
+    - ``large`` (applied first) appends the rows of 2-7 other cases of the family, later in time and
+      with their own unique hash ids (shared leading ids stay shared), grows each pool to hold the
+      longest prompt, and draws 1-8 aggregated workers or 1-4 per disaggregated pool: traces of
+      about 50-250 requests on more workers than the plain cases have."""
     case, rows = _generate_case(seed, index)
+    if large:
+        case, rows = _enlarge(seed, index, case, rows)
     if concurrency:
         rng = random.Random(f"mocker-spec-casegen-concurrency:{seed}:{index}")
         if rng.random() < 0.67:
@@ -133,6 +139,30 @@ def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: 
         for key in ("engine_args", "prefill_engine_args", "decode_engine_args"):
             if key in case:
                 case[key].update(_extra_args(rng))
+    return case, rows
+
+
+def _enlarge(seed: int, index: int, case: Dict[str, Any], rows: List[Dict[str, Any]]):
+    rng = random.Random(f"mocker-spec-casegen-large:{seed}:{index}")
+    t0 = max(r["timestamp"] for r in rows)
+    for j in range(1, rng.randint(3, 8)):
+        _, more = _generate_case(seed, 10_000 + 100 * index + j)
+        for r in more:
+            r = dict(r)
+            r["timestamp"] = round(r["timestamp"] + t0 * j * rng.uniform(0.3, 1.0), 3)
+            r["hash_ids"] = [h + 7_000_000 * j if h >= 10_000_000 else h for h in r["hash_ids"]]
+            rows.append(r)
+    rows.sort(key=lambda r: r["timestamp"])
+    longest = max(r["input_length"] for r in rows)
+    for key in ("engine_args", "prefill_engine_args", "decode_engine_args"):
+        if key in case:
+            a = case[key]
+            a["num_gpu_blocks"] = max(a["num_gpu_blocks"], -(-longest // a["block_size"]) + 1)
+    if case["mode"] == "agg":
+        case["num_workers"] = rng.randint(1, 8)
+    else:
+        case["num_prefill_workers"] = rng.randint(1, 4)
+        case["num_decode_workers"] = rng.randint(1, 4)
     return case, rows
 
 
@@ -179,14 +209,15 @@ def _generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str
 
 
 def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: bool = False,
-                extra_args: bool = False, sessions: bool = False) -> List[Path]:
+                extra_args: bool = False, sessions: bool = False, large: bool = False) -> List[Path]:
     """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each:
-    ``gen-*``; a variant adds ``c`` (concurrency), ``x`` (extra args), ``s`` (sessions), e.g.
-    ``gencs-*``)."""
+    ``gen-*``; a variant adds ``c`` (concurrency), ``x`` (extra args), ``s`` (sessions), ``l``
+    (large), e.g. ``gencs-*``)."""
     dirs = []
-    prefix = "gen" + ("c" if concurrency else "") + ("x" if extra_args else "") + ("s" if sessions else "")
+    prefix = ("gen" + ("c" if concurrency else "") + ("x" if extra_args else "") + ("s" if sessions else "")
+              + ("l" if large else ""))
     for i in range(start, start + count):
-        case, rows = generate_case(seed, i, concurrency, extra_args, sessions)
+        case, rows = generate_case(seed, i, concurrency, extra_args, sessions, large)
         d = out / f"{prefix}-{seed}-{i:04d}"
         d.mkdir(parents=True, exist_ok=True)
         (d / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")

@@ -416,7 +416,7 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
         messages.error(f"--out={args.out!r}: {problem}")
         return 2
     dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency, args.extra_args,
-                       args.sessions)
+                       args.sessions, args.large)
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
@@ -471,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also draw transfer, start-up, GPU-count and router-queue engine args (genx-* cases)")
     p.add_argument("--sessions", action="store_true",
                    help="group the rows into multi-turn sessions (gen*s-* cases; spec/replay.md DRV-17)")
+    p.add_argument("--large", action="store_true",
+                   help="longer traces (about 50-250 requests) on up to 8 workers (gen*l-* cases)")
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_gen_cases)

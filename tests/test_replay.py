@@ -746,6 +746,28 @@ def test_casegen_sessions_variant_groups_rows_into_valid_multi_turn_sessions():
     assert multi >= 20 and delays >= 5
 
 
+def test_casegen_large_variant_grows_traces_and_worker_counts_with_valid_setups():
+    """``gen-cases --large``: the plain case's rows plus those of other cases of the family, later
+    and in time order; every pool holds the longest prompt; more workers; every setup valid."""
+    from mocker_spec.casegen import generate_case
+    from mocker_spec.reference import setup_from_job
+
+    sizes, workers = [], set()
+    for i in range(30):
+        base, base_rows = generate_case(61, i)
+        case, rows = generate_case(61, i, large=True)
+        assert len(rows) > len(base_rows) and all(r in rows for r in base_rows)
+        assert [r["timestamp"] for r in rows] == sorted(r["timestamp"] for r in rows)
+        longest = max(r["input_length"] for r in rows)
+        for key in ("engine_args", "prefill_engine_args", "decode_engine_args"):
+            if key in case:
+                assert case[key]["num_gpu_blocks"] * case[key]["block_size"] >= longest
+        workers.add(case.get("num_workers", 0))
+        sizes.append(len(rows))
+        check_setup(setup_from_job(case))
+    assert min(sizes) >= 40 and max(sizes) >= 150 and max(workers) >= 6
+
+
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
 def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
     """LIVE-5: the compiled build hangs on both (recorded as timeout). SGLang variant on the
