@@ -223,3 +223,16 @@ def test_scenario_prompts_are_bounded(tmp_path, capsys):
     sc.write_text(json.dumps(doc))
     assert main(["explore", str(sc), "--no-progress"]) == 2
     _one_error_line(capsys, "at most 100000 tokens")
+
+
+def test_trace_format_flag_is_checked(capsys):
+    """WL-18/WL-19: an unknown format, delta on disaggregated pools, or a format without a trace file."""
+    assert main(["replay", str(TRACE), "--trace-format", "csv", "--no-progress"]) == 2
+    _one_error_line(capsys, "trace_format='csv'", "got 'csv'")
+    assert main(["replay", str(TRACE), "--trace-format", "mooncake-delta", "--prefill-engine-args",
+                 '{"worker_type": "prefill"}', "--decode-engine-args", '{"worker_type": "decode"}',
+                 "--no-progress"]) == 2
+    _one_error_line(capsys, "not supported for disaggregated replay")
+    assert main(["replay", "--num-requests", "2", "--input-tokens", "3", "--output-tokens", "2",
+                 "--trace-format", "mooncake-delta"]) == 2
+    _one_error_line(capsys, "only used with a trace file")
