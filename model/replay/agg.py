@@ -20,13 +20,13 @@ from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
 class _AggRun:
     """Local scratch of one aggregated run (never escapes :func:`run_agg`)."""
 
-    def __init__(self, args, num_workers, requests, concurrency, collector, on_progress):
+    def __init__(self, args, num_workers, requests, concurrency, collector, on_progress, max_sim_time_ms=None):
         self.now = 0.0
         self.next_worker_idx = 0
         self.pool = Pool("aggregated", args, num_workers, visible=True)
         self.events = EventHeap()
         self.adm = make_admission(requests, concurrency)
-        self.max_sim_time_ms: Optional[float] = None
+        self.max_sim_time_ms: Optional[float] = max_sim_time_ms
         self.col = collector.set_gpus_per_worker(0, args.aic_gpus_per_worker())
         self.on_progress = on_progress
         self.done_count = 0
@@ -165,6 +165,4 @@ def run_agg(
 ) -> TraceCollector:
     """DRV-12: replay ``requests`` on ``num_workers`` aggregated workers, round-robin at arrival
     (DRV-18: until the next timestamp passes ``max_sim_time_ms``)."""
-    run = _AggRun(args, num_workers, requests, concurrency, collector, on_progress)
-    run.max_sim_time_ms = max_sim_time_ms
-    return run.run()
+    return _AggRun(args, num_workers, requests, concurrency, collector, on_progress, max_sim_time_ms).run()

@@ -179,13 +179,13 @@ def _outcome_of_cleanup(result) -> Outcome:
 class _DisaggRun:
     """Local scratch of one disaggregated run (never escapes :func:`run_disagg`)."""
 
-    def __init__(self, prefill_args, decode_args, num_prefill, num_decode, requests, concurrency, collector, on_progress):
+    def __init__(self, prefill_args, decode_args, num_prefill, num_decode, requests, concurrency, collector, on_progress, max_sim_time_ms=None):
         self.order = handoff_order(prefill_args, decode_args)
         self.now = 0.0
         self.next_prefill_idx = 0
         self.next_decode_idx = 0
         self.adm = make_admission(requests, concurrency)
-        self.max_sim_time_ms: Optional[float] = None
+        self.max_sim_time_ms: Optional[float] = max_sim_time_ms
         self.prefill = Pool(PREFILL, prefill_args, num_prefill, visible=False)
         self.decode = Pool(DECODE, decode_args, num_decode, visible=True)
         self.requests: Dict[str, _Request] = {}
@@ -654,6 +654,5 @@ def run_disagg(
     """DIS-1: replay ``requests`` through prefill and decode pools with the handoff coordinator
     (DRV-18: until the next timestamp passes ``max_sim_time_ms``)."""
     run = _DisaggRun(prefill_args, decode_args, num_prefill_workers, num_decode_workers, requests, concurrency,
-                     collector, on_progress)
-    run.max_sim_time_ms = max_sim_time_ms
+                     collector, on_progress, max_sim_time_ms)
     return run.run()
