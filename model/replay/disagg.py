@@ -179,7 +179,8 @@ def _outcome_of_cleanup(result) -> Outcome:
 class _DisaggRun:
     """Local scratch of one disaggregated run (never escapes :func:`run_disagg`)."""
 
-    def __init__(self, prefill_args, decode_args, num_prefill, num_decode, requests, concurrency, collector, on_progress, max_sim_time_ms=None):
+    def __init__(self, prefill_args, decode_args, num_prefill, num_decode, requests, concurrency, collector, on_progress,
+                 max_sim_time_ms=None):
         self.order = handoff_order(prefill_args, decode_args)
         self.now = 0.0
         self.next_prefill_idx = 0
