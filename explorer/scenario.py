@@ -484,6 +484,8 @@ def load_scenario(path) -> Scenario:
         text = p.read_text(encoding="utf-8")
     except OSError as err:
         raise ScenarioError(f"cannot read {p}: {err}") from err
+    except UnicodeDecodeError:
+        raise ScenarioError(f"cannot read {p}: not UTF-8") from None
     try:
         if p.suffix == ".toml":
             try:

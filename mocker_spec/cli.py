@@ -90,6 +90,8 @@ def _load_engine_args_text(flag: str, text: Optional[str]):
                 raw = fh.read()
         except OSError as exc:
             raise _BadInput(f"{flag}={text!r}: cannot read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise _BadInput(f"{flag}={text!r}: not UTF-8") from None
     try:
         obj = json.loads(raw)
     except ValueError as exc:
@@ -312,6 +314,14 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
         if not dirs:
             messages.error(f"--corpus={args.corpus!r}: no case directories (case.json) found")
             return EXIT_BAD_INPUT
+        from .reference import CaseError, load_case
+
+        for d in dirs:  # every case readable before any runs
+            try:
+                load_case(d)
+            except CaseError as exc:
+                messages.error(f"--corpus={args.corpus!r}: {exc}")
+                return EXIT_BAD_INPUT
         table = Table(title=messages.literal(f"mocker-spec diff --corpus {args.corpus}"))
         for c in ("case", "mode", "engine", "result", "detail"):
             table.add_column(c)

@@ -422,15 +422,37 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
 # ---------------------------------------------------------------------------------------------
 
 
+class CaseError(ValueError):
+    """A corpus case directory that cannot be read: the file and why, in one line."""
+
+
+def read_case_file(path: Path, parse_json: bool = False, lines: bool = False):
+    """A file of a corpus case: its text, its JSON, or its JSON lines; :class:`CaseError` if not."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if lines:
+            return [json.loads(l) for l in text.splitlines() if l.strip()]
+        return json.loads(text) if parse_json else text
+    except OSError as exc:
+        raise CaseError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CaseError(f"{path}: not UTF-8") from None
+    except ValueError as exc:
+        raise CaseError(f"{path}: invalid JSON: {exc}") from None
+
+
 def load_case(case_dir: str | os.PathLike[str]) -> Tuple[Dict[str, Any], Outcome]:
-    """A corpus case as ``(job, recorded reference outcome)``."""
+    """A corpus case as ``(job, recorded reference outcome)``; :class:`CaseError` if a file of it
+    cannot be read."""
     d = Path(case_dir)
-    job = json.loads((d / "case.json").read_text())
+    job = read_case_file(d / "case.json", parse_json=True)
+    if not isinstance(job, dict):
+        raise CaseError(f"{d / 'case.json'}: not a JSON object")
     job["trace_file"] = str(d / "trace.jsonl")
-    status = (d / "expected.status").read_text().strip() if (d / "expected.status").exists() else "ok"
+    status = read_case_file(d / "expected.status").strip() if (d / "expected.status").exists() else "ok"
     if status == "ok":
-        summary = json.loads((d / "expected.summary.json").read_text())
-        rows = [json.loads(l) for l in (d / "expected.report.jsonl").read_text().splitlines() if l.strip()]
+        summary = read_case_file(d / "expected.summary.json", parse_json=True)
+        rows = read_case_file(d / "expected.report.jsonl", lines=True)
         return job, Outcome("ok", "", summary, rows)
     if status == "timeout":
         return job, Outcome("timeout", "the reference never finished")

@@ -414,7 +414,7 @@ def render(diffs: Sequence[CaseDiff], corpora: Sequence[Tuple[str, int]], versio
 def main(args, console) -> int:
     """DIFF161-1: validate, run every case, write the report (atomically) and the optional JSON."""
     from .formats import atomic_write_text
-    from .reference import case_dirs
+    from .reference import CaseError, case_dirs, read_case_file
 
     def err(text: str) -> int:
         from .messages import error
@@ -432,6 +432,11 @@ def main(args, console) -> int:
         dirs = case_dirs(p)
         if not dirs:
             return err(f"--corpus={c!r}: no case directories (case.json) found")
+        for d in dirs:  # every case.json readable before any runs
+            try:
+                read_case_file(d / "case.json", parse_json=True)
+            except CaseError as exc:
+                return err(f"--corpus={c!r}: {exc}")
         corpora.append((p.name, dirs))
     if not Path(args.python).exists():
         return err(f"--python={args.python!r}: no such interpreter")

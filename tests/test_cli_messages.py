@@ -236,3 +236,22 @@ def test_trace_format_flag_is_checked(capsys):
     assert main(["replay", "--num-requests", "2", "--input-tokens", "3", "--output-tokens", "2",
                  "--trace-format", "mooncake-delta"]) == 2
     _one_error_line(capsys, "only used with a trace file")
+
+
+def test_unreadable_files_are_one_line_errors(tmp_path, capsys):
+    """Non-UTF-8 scenario, engine-args and corpus files, and a corpus case missing its recorded
+    outcome, are bad input (they raised UnicodeDecodeError or FileNotFoundError tracebacks)."""
+    junk = tmp_path / "junk.json"
+    junk.write_bytes(b"\xff\xfe{}")
+    assert main(["explore", str(junk), "--no-progress"]) == 2
+    _one_error_line(capsys, "not UTF-8")
+    assert main(["replay", str(TRACE), "--extra-engine-args", str(junk), "--no-progress"]) == 2
+    _one_error_line(capsys, "--extra-engine-args", "not UTF-8")
+    case = tmp_path / "corpus" / "c1"
+    case.mkdir(parents=True)
+    (case / "case.json").write_bytes(b"\xff")
+    assert main(["diff", "--corpus", str(tmp_path / "corpus")]) == 2
+    _one_error_line(capsys, "case.json: not UTF-8")
+    (case / "case.json").write_text('{"mode": "agg"}')
+    assert main(["diff", "--corpus", str(tmp_path / "corpus")]) == 2
+    _one_error_line(capsys, "expected.summary.json: cannot read")
