@@ -96,10 +96,15 @@ def cmd_vectors(args: argparse.Namespace, console: Console) -> int:
     if not root.is_dir():
         messages.error(f"--scenarios={str(root)!r}: not a directory")
         return 2
+    try:
+        lib = V.library(root)
+    except ValueError as exc:
+        messages.error(f"--scenarios={str(root)!r}: {exc}")
+        return 2
     names = None
     if args.scenario:
         names = [s.strip() for s in args.scenario.split(",") if s.strip()]
-        known = {obj.get("name") for _, obj in V.library(root)}
+        known = {obj.get("name") for _, obj in lib}
         missing = [n for n in names if n not in known]
         if missing:
             messages.error(f"--scenario={missing[0]!r}: no such scenario in the library")

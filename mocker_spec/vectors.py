@@ -44,10 +44,27 @@ def default_scenario_root() -> Path:
 
 
 def library(root: Path) -> List[Tuple[str, Dict[str, Any]]]:
-    """VEC-2: ``(relative path, decoded scenario)`` of every ``.json`` scenario under ``root``, sorted."""
+    """VEC-2: ``(relative path, decoded scenario)`` of every ``.json`` scenario under ``root``, sorted.
+
+    A file that is not a valid scenario for its own engine raises ``ValueError`` naming it (a
+    scenario retargeted to another engine may still fail there: that is recorded per scenario)."""
+    from explorer import ScenarioError, scenario_from_dict
+
     out = []
     for p in sorted(root.rglob("*.json")):
-        out.append((p.relative_to(root).as_posix(), json.loads(p.read_text(encoding="utf-8"))))
+        rel = p.relative_to(root).as_posix()
+        try:
+            obj = json.loads(p.read_text(encoding="utf-8"))
+            scenario_from_dict(obj, path=str(p))
+        except OSError as exc:
+            raise ValueError(f"{rel}: cannot read: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{rel}: not UTF-8") from None
+        except ValueError as exc:
+            raise ValueError(f"{rel}: invalid JSON: {exc}") from None
+        except ScenarioError as exc:
+            raise ValueError(f"{rel}: {exc}") from None
+        out.append((rel, obj))
     return out
 
 

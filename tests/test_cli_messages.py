@@ -255,3 +255,20 @@ def test_unreadable_files_are_one_line_errors(tmp_path, capsys):
     (case / "case.json").write_text('{"mode": "agg"}')
     assert main(["diff", "--corpus", str(tmp_path / "corpus")]) == 2
     _one_error_line(capsys, "expected.summary.json: cannot read")
+
+
+def test_vectors_refuses_a_library_with_a_bad_scenario(tmp_path, capsys):
+    """VEC-2: a scenario file that is not valid for its own engine is named, exit 2, nothing
+    written (a non-UTF-8 file raised a traceback; an invalid one was only noted in the README)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    doc = json.loads(S7.read_text())
+    doc["requests"][0]["prompt_len"] = 2_000_000
+    (lib / "x.json").write_text(json.dumps(doc))
+    out = tmp_path / "out"
+    assert main(["vectors", "--out", str(out), "--scenarios", str(lib), "--no-progress"]) == 2
+    _one_error_line(capsys, "x.json", "at most 100000 tokens")
+    (lib / "x.json").write_bytes(b"\xff")
+    assert main(["vectors", "--out", str(out), "--scenarios", str(lib), "--no-progress"]) == 2
+    _one_error_line(capsys, "x.json: not UTF-8")
+    assert not out.exists()
