@@ -33,6 +33,8 @@ __all__ = [
     "read_trace_lines",
     "read_trace",
     "load_trace_file",
+    "InputFileError",
+    "read_input_file",
     "load_concurrency_trace_file",
     "format_json_float",
     "dumps_compact",
@@ -85,6 +87,28 @@ def _rows(lines: Iterable[str]):
 def read_trace(path: str | os.PathLike[str], trace_block_size: int = 512) -> Trace:
     """WL-3..WL-8: parse a mooncake JSONL file into sessions (no timing changes)."""
     return trace_from_mooncake_rows(_rows(read_trace_lines(path)), trace_block_size)
+
+
+class InputFileError(ValueError):
+    """An input file that cannot be read or decoded: its name and why, in one line."""
+
+
+def read_input_file(path: str | os.PathLike[str], *, parse_json: bool = False, lines: bool = False,
+                    label: str | None = None):
+    """The text of ``path``, its JSON value, or its JSON lines; :class:`InputFileError` (named
+    ``label``, default the path) when it cannot be read, is not UTF-8 or is not valid JSON."""
+    name = label if label is not None else str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        if lines:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        return json.loads(text) if parse_json else text
+    except OSError as exc:
+        raise InputFileError(f"{name}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise InputFileError(f"{name}: not UTF-8") from None
+    except ValueError as exc:
+        raise InputFileError(f"{name}: invalid JSON: {exc}") from None
 
 
 def load_trace_file(

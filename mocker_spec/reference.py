@@ -40,7 +40,7 @@ from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
 from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_setup, run_replay
 from model.workload import FlatWorkload, canonical_trace_format, synthetic_replay_workload
 
-from .formats import load_concurrency_trace_file, load_trace_file
+from .formats import InputFileError, load_concurrency_trace_file, load_trace_file, read_input_file
 
 __all__ = [
     "Outcome",
@@ -422,23 +422,13 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
 # ---------------------------------------------------------------------------------------------
 
 
-class CaseError(ValueError):
-    """A corpus case directory that cannot be read: the file and why, in one line."""
+#: a corpus case directory that cannot be read (the file and why, in one line)
+CaseError = InputFileError
 
 
 def read_case_file(path: Path, parse_json: bool = False, lines: bool = False):
     """A file of a corpus case: its text, its JSON, or its JSON lines; :class:`CaseError` if not."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        if lines:
-            return [json.loads(l) for l in text.splitlines() if l.strip()]
-        return json.loads(text) if parse_json else text
-    except OSError as exc:
-        raise CaseError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise CaseError(f"{path}: not UTF-8") from None
-    except ValueError as exc:
-        raise CaseError(f"{path}: invalid JSON: {exc}") from None
+    return read_input_file(path, parse_json=parse_json, lines=lines)
 
 
 def load_case(case_dir: str | os.PathLike[str]) -> Tuple[Dict[str, Any], Outcome]:

@@ -50,18 +50,14 @@ def library(root: Path) -> List[Tuple[str, Dict[str, Any]]]:
     scenario retargeted to another engine may still fail there: that is recorded per scenario)."""
     from explorer import ScenarioError, scenario_from_dict
 
+    from .formats import read_input_file
+
     out = []
     for p in sorted(root.rglob("*.json")):
         rel = p.relative_to(root).as_posix()
+        obj = read_input_file(p, parse_json=True, label=rel)  # InputFileError is a ValueError
         try:
-            obj = json.loads(p.read_text(encoding="utf-8"))
             scenario_from_dict(obj, path=str(p))
-        except OSError as exc:
-            raise ValueError(f"{rel}: cannot read: {exc.strerror or exc}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{rel}: not UTF-8") from None
-        except ValueError as exc:
-            raise ValueError(f"{rel}: invalid JSON: {exc}") from None
         except ScenarioError as exc:
             raise ValueError(f"{rel}: {exc}") from None
         out.append((rel, obj))
