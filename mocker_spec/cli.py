@@ -302,7 +302,7 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     """Compare the oracle with the compiled reference (live, or the recorded corpus)."""
-    from .reference import case_dirs, check_case, compare, run_model, run_reference, synthetic_as_trace_rows
+    from .reference import case_dirs, compare, run_model, run_reference, synthetic_as_trace_rows
 
     if args.corpus is not None:
         import os
@@ -314,23 +314,19 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
         if not dirs:
             messages.error(f"--corpus={args.corpus!r}: no case directories (case.json) found")
             return EXIT_BAD_INPUT
-        from .reference import CaseError, load_case
+        from .reference import CaseError, check_loaded_case, load_case
 
-        for d in dirs:  # every case readable before any runs
-            try:
-                load_case(d)
-            except CaseError as exc:
-                messages.error(f"--corpus={args.corpus!r}: {exc}")
-                return EXIT_BAD_INPUT
+        try:  # every case read once, before any runs
+            loaded = [(d, load_case(d)) for d in dirs]
+        except CaseError as exc:
+            messages.error(f"--corpus={args.corpus!r}: {exc}")
+            return EXIT_BAD_INPUT
         table = Table(title=messages.literal(f"mocker-spec diff --corpus {args.corpus}"))
         for c in ("case", "mode", "engine", "result", "detail"):
             table.add_column(c)
         same = 0
-        for d in dirs:
-            ours, ref, div = check_case(d)
-            import json
-
-            case = json.loads((d / "case.json").read_text())
+        for d, (case, ref) in loaded:
+            ours, ref, div = check_loaded_case(dict(case), ref)
             engine = (case.get("engine_args") or case.get("prefill_engine_args") or {}).get("engine_type", "vllm")
             if div is None:
                 same += 1

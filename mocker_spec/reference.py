@@ -426,23 +426,18 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
 CaseError = InputFileError
 
 
-def read_case_file(path: Path, parse_json: bool = False, lines: bool = False):
-    """A file of a corpus case: its text, its JSON, or its JSON lines; :class:`CaseError` if not."""
-    return read_input_file(path, parse_json=parse_json, lines=lines)
-
-
 def load_case(case_dir: str | os.PathLike[str]) -> Tuple[Dict[str, Any], Outcome]:
     """A corpus case as ``(job, recorded reference outcome)``; :class:`CaseError` if a file of it
     cannot be read."""
     d = Path(case_dir)
-    job = read_case_file(d / "case.json", parse_json=True)
+    job = read_input_file(d / "case.json", parse_json=True)
     if not isinstance(job, dict):
         raise CaseError(f"{d / 'case.json'}: not a JSON object")
     job["trace_file"] = str(d / "trace.jsonl")
-    status = read_case_file(d / "expected.status").strip() if (d / "expected.status").exists() else "ok"
+    status = read_input_file(d / "expected.status").strip() if (d / "expected.status").exists() else "ok"
     if status == "ok":
-        summary = read_case_file(d / "expected.summary.json", parse_json=True)
-        rows = read_case_file(d / "expected.report.jsonl", lines=True)
+        summary = read_input_file(d / "expected.summary.json", parse_json=True)
+        rows = read_input_file(d / "expected.report.jsonl", lines=True)
         return job, Outcome("ok", "", summary, rows)
     if status == "timeout":
         return job, Outcome("timeout", "the reference never finished")
@@ -452,7 +447,11 @@ def load_case(case_dir: str | os.PathLike[str]) -> Tuple[Dict[str, Any], Outcome
 
 def check_case(case_dir: str | os.PathLike[str]) -> Tuple[Outcome, Outcome, Optional[Divergence]]:
     """Run the model on one corpus case and compare with the recorded reference outcome."""
-    job, ref = load_case(case_dir)
+    return check_loaded_case(*load_case(case_dir))
+
+
+def check_loaded_case(job: Dict[str, Any], ref: Outcome) -> Tuple[Outcome, Outcome, Optional[Divergence]]:
+    """:func:`check_case` on a case already read by :func:`load_case`."""
     try:
         ours = run_model(job)
     except InvalidInput as exc:  # upstream's text is the reason; the field=value prefix is the CLI's

@@ -413,8 +413,8 @@ def render(diffs: Sequence[CaseDiff], corpora: Sequence[Tuple[str, int]], versio
 
 def main(args, console) -> int:
     """DIFF161-1: validate, run every case, write the report (atomically) and the optional JSON."""
-    from .formats import atomic_write_text
-    from .reference import CaseError, case_dirs, read_case_file
+    from .formats import atomic_write_text, read_input_file
+    from .reference import CaseError, case_dirs
 
     def err(text: str) -> int:
         from .messages import error
@@ -434,7 +434,7 @@ def main(args, console) -> int:
             return err(f"--corpus={c!r}: no case directories (case.json) found")
         for d in dirs:  # every case.json readable before any runs
             try:
-                read_case_file(d / "case.json", parse_json=True)
+                read_input_file(d / "case.json", parse_json=True)
             except CaseError as exc:
                 return err(f"--corpus={c!r}: {exc}")
         corpora.append((p.name, dirs))

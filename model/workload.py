@@ -25,14 +25,13 @@ report row carries no meaning.
 
 from __future__ import annotations
 
-import decimal
 import json
 import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 
-from model.errors import InvalidInput, rust_display as _rust_f64
+from model.errors import InvalidInput, rust_display
 from model.report import total_order_key, uuid_from_int
 
 __all__ = [
@@ -322,7 +321,7 @@ def trace_from_mooncake_rows(
         else:
             delay = 0.0
         if not math.isfinite(delay) or delay < 0.0:
-            raise _bad(line, "delay", delay, f"trace line {line} has invalid delay {_rust_f64(delay)}", "WL-7")
+            raise _bad(line, "delay", delay, f"trace line {line} has invalid delay {rust_display(delay)}", "WL-7")
 
         sess["turns"].append(
             TurnTrace(
@@ -460,7 +459,7 @@ def _validate(trace: Trace, allow_missing_first_timestamp: bool) -> None:
                        f"trace mode requires first_arrival_timestamp_ms for session {s.session_id}", "WL-9")
         if ts is not None and (not math.isfinite(ts) or ts < 0.0):
             raise _bad(first_line, "timestamp", ts,
-                       f"session {s.session_id} has invalid first_arrival_timestamp_ms {_rust_f64(ts)}", "WL-9")
+                       f"session {s.session_id} has invalid first_arrival_timestamp_ms {rust_display(ts)}", "WL-9")
         for k, t in enumerate(s.turns):
             if t.input_length == 0:
                 raise _bad(t.source_line, "input_length", 0,
@@ -475,7 +474,7 @@ def _validate(trace: Trace, allow_missing_first_timestamp: bool) -> None:
                            "WL-9")
             d = t.delay_after_previous_ms
             if not math.isfinite(d) or d < 0.0:
-                raise _bad(t.source_line, "delay", d, f"session {s.session_id} turn {k} has invalid delay {_rust_f64(d)}", "WL-9")
+                raise _bad(t.source_line, "delay", d, f"session {s.session_id} turn {k} has invalid delay {rust_display(d)}", "WL-9")
             if k == 0 and d != 0.0:
                 raise _bad(t.source_line, "delay", d,
                            f"session {s.session_id} first turn must have delay_after_previous_ms == 0.0", "WL-9")

@@ -80,7 +80,6 @@ def run_single(
         )
         for s in [s for s in res.output_signals if s.completed]:
             adm.on_request_completed(s.uuid.value, now)  # DRV-17
-        for s in [s for s in res.output_signals if s.completed]:
             status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
             col = col.on_terminal(s.uuid.value, status)
             done += 1
