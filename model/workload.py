@@ -511,8 +511,8 @@ class ReplayRequest:
     priority: int = 0
     strict_priority: int = 0
     policy_class: str | None = None
-    #: WL-20 / DRV-17: the session and turn a request came from, for requests released by the
-    #: session workload driver or read from a concurrency-mode trace file; None on the flat path
+    #: DRV-17: the session and turn a request came from, for requests released by the session
+    #: workload driver (WL-20: every concurrency-mode trace file); None on the flat path
     session_id: str | None = None
     turn_index: int = 0
 
@@ -631,19 +631,13 @@ def load_concurrency_trace_workload(
     Upstream runs it through the concurrency workload driver: no normalization, no speed-up (the
     ratio is ignored), timestamps optional, and sessions released in **file order** (their first
     line), not sorted by timestamp.  The aggregated runtimes validate first (WL-9, a missing
-    timestamp allowed); the disaggregated one does not (``validate=False``).  Single-turn traces
-    give a :class:`FlatWorkload` in session order whose requests carry their ``session_id`` (the
-    event-loop and disaggregated runtimes record it, turn 0, at release: DRV-2).
+    timestamp allowed); the disaggregated one does not (``validate=False``).  Single-turn or not,
+    the trace is a :class:`SessionWorkload` for that driver (DRV-17), as upstream's always is.
     """
     trace = trace_from_mooncake_rows(rows, trace_block_size)
     if validate:
         validate_for_concurrency_mode(trace)
-    if not is_single_turn(trace):
-        return SessionWorkload(trace, accumulate_deltas=accumulate_deltas)
-    return FlatWorkload(
-        attrs.evolve(r, arrival_timestamp_ms=None, session_id=s.session_id)
-        for r, s in zip(to_single_turn_requests(trace), trace.sessions)
-    )
+    return SessionWorkload(trace, accumulate_deltas=accumulate_deltas)
 
 
 # ---------------------------------------------------------------------------

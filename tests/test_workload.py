@@ -474,9 +474,12 @@ def test_concurrency_trace_keeps_file_order_and_sessions_and_drops_timestamps() 
     base = {"output_length": 1, "hash_ids": [1]}
     rows = rows_of({**base, "timestamp": 9.0}, {**base, "timestamp": 1.0, "session_id": "s"}, {**base})
     w = load_concurrency_trace_workload(rows, 4)
-    assert isinstance(w, FlatWorkload)
-    assert [r.session_id for r in w.requests] == ["request_1", "s", "request_3"]
-    assert [r.arrival_timestamp_ms for r in w.requests] == [None, None, None]
+    assert isinstance(w, SessionWorkload)  # always the driver's (DRV-17), as upstream
+    from model.replay.admission import WorkloadDriver
+
+    released = [r for r, _ in WorkloadDriver(w.trace, max_active_sessions=3).pop_ready(0.0)]
+    assert [r.session_id for r in released] == ["request_1", "s", "request_3"]
+    assert [r.arrival_timestamp_ms for r in released] == [None, None, None]
     # the same file in trace mode: the third row has no timestamp (rejected, WL-9); without it,
     # the flat path sorts by timestamp and attaches no session (WL-13, WL-15)
     with pytest.raises(InvalidInput, match="first_arrival_timestamp_ms"):
@@ -484,7 +487,7 @@ def test_concurrency_trace_keeps_file_order_and_sessions_and_drops_timestamps() 
     flat = load_trace_workload(rows[:2], 4)
     assert [r.arrival_timestamp_ms for r in flat.requests] == [0.0, 8.0]
     assert [r.session_id for r in flat.requests] == [None, None]
-    assert [len(r.tokens) for r in w.requests] == [len(r.tokens) for r in load_trace_workload(rows[:2], 4).requests] + [4]
+    assert [len(r.tokens) for r in released] == [len(r.tokens) for r in load_trace_workload(rows[:2], 4).requests] + [4]
 
 
 def test_concurrency_trace_validation_is_the_aggregated_runtimes_only() -> None:
@@ -502,7 +505,8 @@ def test_concurrency_trace_validation_is_the_aggregated_runtimes_only() -> None:
         load_concurrency_trace_workload(empty, 4)
     both = rows_of({"output_length": 1, "hash_ids": [1], "input_length": 0}, {"output_length": 1, "hash_ids": [1], "timestamp": -3.0})
     w = load_concurrency_trace_workload(both, 4, validate=False)
-    assert isinstance(w, FlatWorkload) and len(w.requests[0].tokens) == 0
+    assert isinstance(w, SessionWorkload) and len(w.trace.sessions[0].turns[0].hash_ids) == 1
+    assert w.trace.sessions[0].turns[0].input_length == 0
 
 
 @pytest.mark.parametrize("value,text", [(-3.0, "-3"), (-0.1, "-0.1"), (-1e-7, "-0.0000001"),
