@@ -448,6 +448,45 @@ def test_pool_accounting_busy_and_in_flight():
     assert pool.in_flight() == 0 and pool.is_drained()
 
 
+def test_s5_zero_progress_pass_bumps_the_generation_without_a_retry():
+    """Upstream S5 (spec/model-checking.md §6), DRV-6 and DRV-7: a zero-time pass without progress
+    is dropped, so nothing retries the pending head although the pass freed room for it.
+
+    The core state is the one of the S5 row, derived by hand: a vLLM decode core with 3 blocks of
+    4 tokens and a 4-token budget. P (12 tokens) runs its first chunk and holds 1 block; X (8
+    tokens) reserves the 2 others; Z (4 tokens) waits pending. The next pass cannot allocate P's
+    second chunk, so P preempts itself in the running loop and frees its block: no admission, no
+    output, no event, nothing scheduled, end = now, yet the capacity generation is bumped.
+    """
+    from model.ids import hid
+    from model.protocol import DestinationReserved, DirectRequest, ReserveDestination
+    from model.replay.common import Pool
+
+    decode = _args(block_size=4, num_gpu_blocks=3, max_num_batched_tokens=4, max_num_seqs=4,
+                   enable_chunked_prefill=True, enable_prefix_caching=False, worker_type="decode")
+    pool = Pool("decode", decode, 1, visible=True)
+    w = pool.workers[0]
+    w.receive(DirectRequest(tuple(range(12)), 2, "p"))
+    first = pool.drive_ready(0.0)
+    assert first is not None and first.result.admissions  # P's first chunk
+    pool.on_scheduled_completion(0, first.result.completed_requests)  # DRV-7 (an immediate completion too)
+    now = first.result.end_ms
+    x = pool.apply_command(0, ReserveDestination("hx", DirectRequest(tuple(range(100, 108)), 2, "x")))
+    assert [type(e) for e in x.lifecycle_events] == [DestinationReserved]
+    z = pool.apply_command(0, ReserveDestination("hz", DirectRequest(tuple(range(200, 204)), 2, "z")))
+    assert z.lifecycle_events == ()  # no free block: Z is the pending head
+    generation = w.core.ledger.capacity_generation
+
+    assert pool.drive_ready(now) is None  # the pass ran, made no progress and was dropped
+    assert not w.busy
+    assert [r.value for r in w.core.waiting] == ["p"] and not w.core.running  # P preempted itself
+    assert w.core.ledger.capacity_generation == generation + 1
+    assert w.core.ledger.pending_destinations.contains_handoff(hid("hz"))  # nobody retried
+    # the retry a pass completion would have run reserves Z at once (RETRY-2)
+    _, retry = C.retry_pending_destinations(w.core)
+    assert [e.handoff_id for e in retry.lifecycle_events] == [hid("hz")]
+
+
 def test_step_budget_reports_unproven_livelock(monkeypatch):
     """LIVE-4: without a repeatable canonical form the budget stops the loop ("suspected")."""
     import itertools

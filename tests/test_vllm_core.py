@@ -1192,6 +1192,49 @@ def test_new_core_state_request_keys_and_construction():
         vc.new_vllm_core(args(engine_type="sglang"))
 
 
+def test_s17_empty_prompts_pass_the_pending_gate_and_reserve_without_transfer():
+    """Upstream S17 (spec/model-checking.md §6), VLLM-1, VLLM-Q3, VLLM-20. Derived by hand on a
+    decode core of 3 blocks of 4 tokens: X (8 tokens) reserves 2 blocks, so Y (8 tokens) stays the
+    pending head. F (2 tokens, 1 output: one block) arrives before the empty E. While Y is
+    pending only prebuilt requests are admitted: E, vacuously prebuilt, is admitted ahead of the
+    older F, and F waits even after E has finished and its block is free again; without Y, F is
+    admitted in the first pass. An empty reservation at the head of a full pool is reserved at
+    once, with 0 transferable tokens."""
+
+    def decode_core(blocks):
+        return Core(args(block_size=4, num_gpu_blocks=blocks, max_num_batched_tokens=16, max_num_seqs=4,
+                         enable_chunked_prefill=True, enable_prefix_caching=False, worker_type="decode",
+                         speedup_ratio=0.0))
+
+    def setup(with_pending):
+        core = decode_core(3)
+        assert len(core.reserve(u(1), request(u(11), range(0, 8), 2)).lifecycle_events) == 1
+        if with_pending:
+            assert core.reserve(u(2), request(u(12), range(100, 108), 2)).lifecycle_events == ()
+        core.receive(request(u(13), range(200, 202), 1))  # F
+        core.receive(request(u(14), (), 2))  # E
+        return core
+
+    core = setup(with_pending=True)
+    assert core.waiting == [u(13), u(14)]
+    first = core.execute(0.0)
+    assert [a.uuid.value for a in first.admissions] == [u(14)]
+    for now in (1.0, 2.0, 3.0):
+        core.execute(now)
+    assert rid(u(14)) not in core.requests and core.waiting == [u(13)]
+    assert core.num_active_blocks() == 2  # X's reservation only: F would fit in the free block
+    assert core.destination_is_held(u(2))
+
+    control = setup(with_pending=False)
+    assert [a.uuid.value for a in control.execute(0.0).admissions][:1] == [u(13)]
+
+    full = decode_core(2)
+    full.reserve(u(1), request(u(11), range(0, 8), 2))
+    (ev,) = full.reserve(u(3), request(u(15), (), 2)).lifecycle_events
+    assert isinstance(ev, DestinationReserved) and ev.transferable_prompt_tokens == 0
+    assert full.num_active_blocks() == 2
+
+
 def _fifo_lifo_scenario(mode):
     """Pass 0 seeds a cached block (S); pass 1 admits A (4 tokens), B (a 4-token chunk of 16) and,
     with the budget spent, the fully cached D (VLLM-Q7).  5 of 6 blocks are then held (A 2, B 1,
