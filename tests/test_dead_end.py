@@ -71,6 +71,16 @@ def test_gen_23_0273_two_half_prefilled_sglang_requests_hold_the_pool():
     assert partly[0] == waiting[0] and len(partly) >= 2
 
 
+def test_zero_output_vllm_request_runs_forever_without_a_token():
+    """The compiled build's DRV-11 dead end of golden zero-output-vllm-single: nothing waits, and
+    the running request asks for 0 output tokens, so it is never ready (VLLM-Q4). The cause used
+    to read as a worker waiting for other workers' handoffs."""
+    exc = _dead_end("zero-output-vllm-single")
+    assert _causes(exc) == [("aggregated", 0, "zero_output_running")]
+    (d,) = diagnose_dead_end(exc.stuck)
+    assert "max_output_tokens 0" in d.text
+
+
 @pytest.mark.parametrize("case", ["gen-1-0169", "gen-1-0137"])
 def test_configuration_dead_ends_never_complete_alone(case):
     """gen-1-0169: a TRT-LLM prompt above the token budget with chunking off (VLLM-6); gen-1-0137:

@@ -56,8 +56,10 @@ def _check(case_dir: pathlib.Path) -> None:
 @pytest.mark.parametrize("case_dir", case_dirs(GOLDENS), ids=lambda p: p.name)
 def test_golden_refcase_matches_reference(case_dir):
     """End-to-end parity: exercises DRV-4, DRV-5, DRV-7, DRV-12, DRV-14, DRV-15, DIS-8, DIS-11,
-    DIS-13 and DIS-14 on every case."""
-    _check(case_dir)
+    DIS-13 and DIS-14 on every case (a case the reference hangs on must end in a livelock
+    diagnosis, not spin: LIVE-1, LIVE-7)."""
+    with _Deadline(120):
+        _check(case_dir)
 
 
 @pytest.mark.slow
@@ -485,6 +487,105 @@ def test_s5_zero_progress_pass_bumps_the_generation_without_a_retry():
     # the retry a pass completion would have run reserves Z at once (RETRY-2)
     _, retry = C.retry_pending_destinations(w.core)
     assert [e.handoff_id for e in retry.lifecycle_events] == [hid("hz")]
+
+
+def test_timed_cycle_detector_finds_the_period_with_one_saved_state():
+    """LIVE-7 (Brent): after the LIVE-1 grace of quiet steps, a sequence that enters a cycle of
+    period p is reported with exactly p steps and the simulated time between the two equal states;
+    a reset forgets the saved state."""
+    from model.replay import livelock as L
+
+    for prefix, period in [(0, 1), (3, 3), (20, 5), (1, 13)]:
+        det = L.TimedCycleDetector()
+        seq = [("pre", i) for i in range(prefix)]
+        step = 0
+        found = None
+        while found is None and step < 500:
+            key = seq[step] if step < prefix else ("cyc", (step - prefix) % period)
+            found = det.observe(lambda: key, 10.0 * step)
+            step += 1
+        assert found is not None and found[0] == period and found[1] == 10.0 * period
+    det = L.TimedCycleDetector()
+    for _ in range(2):  # the same grace again after a reset
+        hits = [det.observe(lambda: "same", float(i)) for i in range(L.RECORD_AFTER + 1)]
+        assert hits == [None] * L.RECORD_AFTER + [(1, 1.0)]
+        det.reset()
+    assert all(det.observe(lambda: i, float(i)) is None for i in range(500))  # never repeats
+
+
+def test_timed_cycle_budget_reports_an_unproven_livelock(monkeypatch):
+    """LIVE-7 with LIVE-4's budget: without a repeated state the run stops as a suspected livelock."""
+    import itertools
+
+    import model.replay.livelock as L
+    import model.replay.single as S
+
+    counter = itertools.count()
+    monkeypatch.setattr(L, "STEP_BUDGET", 300)
+    monkeypatch.setattr(S, "canonical_state", lambda core: next(counter))
+    sg = _args(engine_type="sglang", num_gpu_blocks=64, block_size=16)
+    with pytest.raises(ReplayLivelock) as exc:
+        run_replay(ReplaySetup(engine_args=sg), FlatWorkload((_req(1, 32, 0, 0.0),)))
+    d = exc.value.diagnosis
+    assert not d.proven and d.period_ms is not None and str(exc.value).startswith("suspected livelock")
+
+
+class _Deadline:
+    """Fail a test that would spin forever if LIVE-7 stopped working (SIGALRM, main thread)."""
+
+    def __init__(self, seconds: int) -> None:
+        self.seconds = seconds
+
+    def __enter__(self):
+        import signal
+
+        def expired(*_):
+            raise AssertionError(f"no livelock diagnosis within {self.seconds} s: the replay spins")
+
+        self.old = signal.signal(signal.SIGALRM, expired)
+        signal.alarm(self.seconds)
+
+    def __exit__(self, *exc):
+        import signal
+
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, self.old)
+        return False
+
+
+def _zero_output_sglang(mode, workers=1):
+    """An SGLang request with ``max_output_tokens`` 0 never completes, yet every decode step is
+    charged the running list's decode time (SG-20, SG-27): the clock advances forever."""
+    sg = dict(engine_type="sglang", num_gpu_blocks=64, block_size=16)
+    if mode == "agg":
+        setup = ReplaySetup(engine_args=_args(**sg), num_workers=workers)
+    else:
+        setup = ReplaySetup(prefill_args=_args(worker_type="prefill", **sg), decode_args=_args(worker_type="decode", **sg))
+    reqs = [_req(1, 32, 4, 0.0), _req(2, 32, 0, 1.0)] + ([_req(3, 80, 0, 2.0)] if workers > 1 else [])
+    with _Deadline(60), pytest.raises(ReplayLivelock) as exc:
+        run_replay(setup, FlatWorkload(tuple(reqs)))
+    return exc.value.diagnosis
+
+
+@pytest.mark.parametrize("mode, workers, runtime", [("agg", 1, "single"), ("agg", 2, "agg"), ("disagg", 1, "disagg")])
+def test_zero_output_sglang_request_is_a_timed_livelock(mode, workers, runtime):
+    """LIVE-7 on each runtime (the compiled build hangs on all three: goldens zero-output-sglang-*).
+    The 32-token request and the rest of the run are done; the zero-output request stays running;
+    the state repeats with the clock advanced."""
+    d = _zero_output_sglang(mode, workers)
+    assert d.proven and d.runtime == runtime and d.cycle_passes >= 1 and d.period_ms > 0
+    assert uuid_from_int(2) in d.running or (workers > 1 and uuid_from_int(3) in d.running)
+    assert d.stage == ("decode" if mode == "disagg" else "aggregated")
+    assert "the clock advances forever" in d.message()
+
+
+def test_zero_output_sglang_request_stops_at_the_sim_time_cap():
+    """DRV-18 before LIVE-7: with ``max_sim_time_ms`` the loop ends at the cap (golden
+    zero-output-sglang-capped: the compiled build returns with one request completed)."""
+    sg = _args(engine_type="sglang", num_gpu_blocks=64, block_size=16)
+    reqs = (_req(1, 32, 4, 0.0), _req(2, 32, 0, 1.0))
+    summary, _ = finish(run_replay(ReplaySetup(engine_args=sg, max_sim_time_ms=200.0), FlatWorkload(reqs)))
+    assert summary["completed_requests"] == 1
 
 
 def test_step_budget_reports_unproven_livelock(monkeypatch):

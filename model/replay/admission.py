@@ -55,6 +55,11 @@ class Admission:
     def is_drained(self) -> bool:
         return not self.pending
 
+    @property
+    def released(self) -> int:
+        """How many requests have been released so far (LIVE-7 keys the admission by it)."""
+        return self.total - len(self.pending)
+
     def on_request_completed(self, uuid: str, now_ms: float) -> None:
         """A flat queue does not care (admission.rs:145-152)."""
 
@@ -219,6 +224,11 @@ class WorkloadAdmission:
 
     def is_drained(self) -> bool:
         return self.driver.is_drained()
+
+    @property
+    def released(self) -> int:
+        """How many turns the driver has released so far (LIVE-7)."""
+        return self.driver.issued
 
 
 def make_admission(source, concurrency: Optional[int]):

@@ -13,8 +13,10 @@ from model.report import TerminalStatus, TraceCollector
 from model.workload import ReplayRequest
 
 from .admission import make_admission, record_visible_pass, to_direct
-from .common import WORKER_COMPLETION, EventHeap, Pool, ReplayDeadEnd
-from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
+import attrs
+
+from .common import WORKER_COMPLETION, CanonicalCores, EventHeap, Pool, ReplayDeadEnd
+from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose
 
 
 class _AggRun:
@@ -31,6 +33,11 @@ class _AggRun:
         self.on_progress = on_progress
         self.done_count = 0
         self.detector = CycleDetector()
+        # LIVE-7: anything but a quiet timed pass bumps ``activity``; the detector watches clock steps
+        self.activity = 0
+        self.activity_seen = 0
+        self.timed = TimedCycleDetector()
+        self.canon = CanonicalCores()
 
     # -- DRV-13: routing and arrivals ------------------------------------------------------
 
@@ -50,11 +57,15 @@ class _AggRun:
             self.pool.workers[w].receive(to_direct(req, arrival))
             self.col = self.col.on_decode_assigned(req.uuid, w)
             released = True
+        if released:
+            self.activity += 1
         return released
 
     # -- DRV-14: completions -----------------------------------------------------------------
 
     def process_completed_pass(self, result) -> None:
+        if result.output_signals or result.completed_requests:
+            self.activity += 1
         for s in result.output_signals:
             if s.completed:
                 status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
@@ -81,7 +92,7 @@ class _AggRun:
         changed = False
         self.detector.reset()
         while True:
-            eff = self.pool.drive_ready(self.now)
+            eff = self.pool.drive_ready(self.now, self.note_pass)
             if eff is None:
                 return changed
             changed = True
@@ -106,6 +117,32 @@ class _AggRun:
             else:
                 self.events.push(res.end_ms, WORKER_COMPLETION, (eff.worker_idx, res))
                 self.detector.reset()
+
+    def note_pass(self, _worker, res) -> None:
+        """LIVE-7: a zero-duration pass (kept or dropped) or one that admits or emits is activity."""
+        if res.end_ms == self.now or res.admissions or res.output_signals or res.completed_requests:
+            self.activity += 1
+
+    def watch_timed_cycle(self) -> None:
+        """LIVE-7: before the clock advances, after a clock step in which only quiet timed passes ran
+        and completed, with no arrival to come, record the state that determines the rest of the run."""
+        quiet = self.activity == self.activity_seen
+        self.activity_seen = self.activity
+        pending = self.events.quiet_completions() if quiet else None
+        if (pending is None or self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None
+                or not self.pool.quiet_between_steps()):
+            self.timed.reset()
+            return
+        found = self.timed.observe(
+            lambda: (self.canon.pool_key(self.pool), pending, self.adm.released, self.done_count,
+                     self.next_worker_idx),
+            self.now,
+        )
+        if found is not None:
+            (w_idx,) = min(pending)
+            w = self.pool.workers[w_idx]
+            diag = diagnose("agg", "aggregated", w.idx, self.now, w.core, found[0], ())
+            raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1]))
 
     def drain_current_timestamp(self) -> None:
         """DRV-12: completions, arrivals, then passes, until nothing changes."""
@@ -148,6 +185,7 @@ class _AggRun:
                 )
             if self.max_sim_time_ms is not None and nxt > self.max_sim_time_ms:  # DRV-18
                 break
+            self.watch_timed_cycle()
             self.advance_now(nxt)
             self.drain_current_timestamp()
         return self.col

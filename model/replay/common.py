@@ -95,6 +95,21 @@ class EventHeap:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def quiet_completions(self) -> Optional[frozenset]:
+        """LIVE-7: when every pending event is the completion of a quiet timed pass (no admission,
+        output, completion or lifecycle event), the set of their payloads less the pass result
+        (``(worker,)`` or ``(stage, worker)``); otherwise None.  Such completions touch only their own
+        worker, so their order does not matter."""
+        out = []
+        for _at, _rank, _seq, kind, payload in self._heap:
+            if kind != WORKER_COMPLETION:
+                return None
+            res = payload[-1]
+            if res.output_signals or res.completed_requests or res.admissions or res.lifecycle_events:
+                return None
+            out.append(payload[:-1])
+        return frozenset(out)
+
     def is_empty(self) -> bool:
         return not self._heap
 
@@ -139,6 +154,25 @@ class PassEffects:
     immediate: bool  # zero-duration pass that counted as progress
 
 
+class CanonicalCores:
+    """LIVE-7: canonical states (LIVE-2) of a pool's cores, recomputed only for cores that changed."""
+
+    def __init__(self) -> None:
+        self._memo: Dict[Any, Tuple[Any, Any]] = {}
+
+    def pool_key(self, pool: "Pool") -> tuple:
+        from .livelock import canonical_state
+
+        out = []
+        for w in pool.workers:
+            hit = self._memo.get((pool.stage, w.idx))
+            if hit is None or hit[0] is not w.core:
+                hit = (w.core, canonical_state(w.core))
+                self._memo[(pool.stage, w.idx)] = hit
+            out.append((hit[1], w.busy, w.in_flight))
+        return tuple(out)
+
+
 def made_progress(result) -> bool:
     """DRV-6: a zero-duration pass counts as progress iff it admitted, emitted, completed,
     produced lifecycle or KV events, or its FPM shows a scheduled request
@@ -175,6 +209,11 @@ class Pool:
 
         return tuple(StuckWorker(self.stage, w.idx, w.core, self.args) for w in self.workers
                      if not C.is_drained(w.core))
+
+    def quiet_between_steps(self) -> bool:
+        """LIVE-7: every worker is busy with a timed pass or holds nothing (a worker left idle with
+        requests had its passes dropped, and how often it runs depends on the other workers)."""
+        return all(w.busy or C.is_empty(w.core) for w in self.workers)
 
     def drive_ready(self, now_ms: float, on_pass: Optional[Callable[[Worker, Any], None]] = None) -> Optional[PassEffects]:
         """DRV-6: run one pass on the first ready worker (id order) that makes progress.

@@ -55,6 +55,7 @@ class DeadEndDiagnosis:
 
 #: LIVE-6 causes, in the order they are tested
 CAUSES = (
+    "zero_output_running",  # nothing waits; a running request asks for 0 output tokens (VLLM-Q4)
     "no_waiting_request",  # holds only reservations or held sources: it waits for another worker
     "retracted_destination",  # SGLang: S9, second half (spec/model-checking.md section 6)
     "never_completes_alone",  # the head cannot finish even alone on an empty worker (configuration)
@@ -108,6 +109,12 @@ def completes_alone(args: EngineArgs, request: DirectRequest) -> bool:
     return False
 
 
+def _max_output_tokens(core, uuid) -> int:
+    if _is_sglang(core):
+        return core.find(uuid).max_output_tokens
+    return core.requests[uuid].sequence.max_output_tokens
+
+
 def diagnose_stuck(w: StuckWorker) -> DeadEndDiagnosis:
     """LIVE-6: classify one stuck worker (the first cause of :data:`CAUSES` that applies)."""
     core = w.core
@@ -124,6 +131,11 @@ def diagnose_stuck(w: StuckWorker) -> DeadEndDiagnosis:
 
     head = head_payload(core)
     if head is None:
+        zero = [u.value for u in running if _max_output_tokens(core, u) == 0]
+        if zero:
+            return made("zero_output_running",
+                        f"no request waits; {', '.join(zero)} runs with max_output_tokens 0, so it is never "
+                        f"ready to emit and never completes (VLLM-Q4; {units})")
         return made("no_waiting_request", f"no request waits ({len(running)} running); it holds reservations "
                                           f"or held sources for other workers ({units})")
     name = head.uuid.value

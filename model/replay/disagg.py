@@ -34,7 +34,16 @@ from model.report import TerminalStatus, TraceCollector
 from model.workload import ReplayRequest
 
 from .admission import make_admission, record_visible_pass, to_direct
-from .common import TRANSFER_COMPLETE, WORKER_COMPLETION, EventHeap, Pool, ReplayDeadEnd, ReplayError, count_map
+from .common import (
+    TRANSFER_COMPLETE,
+    WORKER_COMPLETION,
+    CanonicalCores,
+    EventHeap,
+    Pool,
+    ReplayDeadEnd,
+    ReplayError,
+    count_map,
+)
 from .coordinator import (
     ActionKind,
     CanceledFact,
@@ -50,7 +59,7 @@ from .coordinator import (
     TimedOutFact,
     new_coordinator,
 )
-from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
+from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -199,6 +208,11 @@ class _DisaggRun:
         self.on_progress = on_progress
         self.done_count = 0
         self.detectors = {PREFILL: CycleDetector(), DECODE: CycleDetector()}
+        # LIVE-7: anything but a quiet timed pass bumps ``activity``; the detector watches clock steps
+        self.activity = 0
+        self.activity_seen = 0
+        self.timed = TimedCycleDetector()
+        self.canon = CanonicalCores()
 
     # -- helpers ----------------------------------------------------------------------------
 
@@ -238,6 +252,7 @@ class _DisaggRun:
         self.actions.enqueue_all(uuid, new)
 
     def apply_fact(self, uuid: str, fact) -> None:
+        self.activity += 1
         if isinstance(fact, (FailedFact, TimedOutFact)):
             self.col = self.col.on_terminal(uuid, TerminalStatus.FAILED)
         elif isinstance(fact, CanceledFact):
@@ -364,6 +379,7 @@ class _DisaggRun:
             if item is None:
                 return changed
             uuid, action = item
+            self.activity += 1
             r = self.execute_action(uuid, action)
             if r[0] == _APPLIED:
                 changed = True
@@ -375,6 +391,8 @@ class _DisaggRun:
     # -- DIS-11: lifecycle events ---------------------------------------------------------------------
 
     def process_lifecycle_events(self, events) -> None:
+        if events:
+            self.activity += 1
         for ev in events:
             uuid = self.uuid_for_handoff(ev.handoff_id)
             if uuid != ev.request_id.value:
@@ -407,6 +425,7 @@ class _DisaggRun:
         if not st.counted_in_flight or st.phase == DONE:
             raise ReplayError(f"offline disagg replay finalized request {uuid} more than once", rule="DIS-12")
         transfer_was_pending = st.phase == TRANSFER_PENDING
+        self.activity += 1
         st.counted_in_flight = False
         st.phase = CLEANUP_PENDING
         st.original = None
@@ -450,6 +469,8 @@ class _DisaggRun:
             self.logical_in_flight += 1
             self.actions.enqueue_all(uuid, actions)
             released = True
+        if released:
+            self.activity += 1
         return released
 
     # -- DIS-13: passes ----------------------------------------------------------------------------
@@ -506,7 +527,7 @@ class _DisaggRun:
         detector.reset()
         changed = False
         while True:
-            eff = pool.drive_ready(self.now)
+            eff = pool.drive_ready(self.now, self.note_pass)
             if eff is None:
                 return changed
             changed = True
@@ -541,6 +562,40 @@ class _DisaggRun:
             else:
                 detector.reset()
 
+    def note_pass(self, _worker, res) -> None:
+        """LIVE-7: a zero-duration pass (kept or dropped) or one that admits, emits or hands off is
+        activity."""
+        if (res.end_ms == self.now or res.admissions or res.output_signals or res.completed_requests
+                or res.lifecycle_events):
+            self.activity += 1
+
+    def watch_timed_cycle(self) -> None:
+        """LIVE-7: before the clock advances, after a clock step in which only quiet timed passes ran
+        and completed, with no arrival, action or transfer to come, record the state that determines
+        the rest of the run."""
+        quiet = self.activity == self.activity_seen
+        self.activity_seen = self.activity
+        pending = self.events.quiet_completions() if quiet else None
+        if (pending is None or self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None
+                or not self.actions.is_empty() or not self.prefill.quiet_between_steps()
+                or not self.decode.quiet_between_steps()):
+            self.timed.reset()
+            return
+
+        def key():
+            requests = tuple(sorted((u, st.phase, st.coordinator, st.counted_in_flight, st.prefill_worker,
+                                     st.decode_worker) for u, st in self.requests.items()))
+            return (self.canon.pool_key(self.prefill), self.canon.pool_key(self.decode), pending,
+                    self.adm.released, self.done_count, self.logical_in_flight, self.next_prefill_idx,
+                    self.next_decode_idx, self.stale_transfer_events, requests)
+
+        found = self.timed.observe(key, self.now)
+        if found is not None:
+            stage, w_idx = min(pending)
+            w = self.pool(stage).workers[w_idx]
+            diag = diagnose("disagg", stage, w.idx, self.now, w.core, found[0], ())
+            raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1], other=self._livelock_context()))
+
     def _livelock_context(self) -> Tuple[str, ...]:
         out = [f"requests in flight: {self.logical_in_flight}"]
         parked = sum(len(v) for d in self.actions.deferred.values() for v in d.values())
@@ -565,10 +620,12 @@ class _DisaggRun:
             self.events.pop()
             self.stale_transfer_events -= 1
             removed = True
+            self.activity += 1
         if self.stale_transfer_events > 32 and self.stale_transfer_events * 2 > len(self.events):
             self.events.retain(lambda k, p: not (k == TRANSFER_COMPLETE and p not in self.by_handoff))
             self.stale_transfer_events = 0
             removed = True
+            self.activity += 1
         return removed
 
     def apply_transfer_completions(self) -> bool:
@@ -635,6 +692,7 @@ class _DisaggRun:
                 )
             if self.max_sim_time_ms is not None and nxt > self.max_sim_time_ms:  # DRV-18
                 break
+            self.watch_timed_cycle()
             self.advance_now(nxt)
             self.drain_current_timestamp()
         return self.col

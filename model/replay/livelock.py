@@ -35,7 +35,7 @@ import attrs
 
 from model.errors import ModelError
 
-__all__ = ["ReplayLivelock", "LivelockDiagnosis", "canonical_state", "CycleDetector"]
+__all__ = ["ReplayLivelock", "LivelockDiagnosis", "canonical_state", "CycleDetector", "TimedCycleDetector"]
 
 
 @attrs.frozen
@@ -57,13 +57,27 @@ class LivelockDiagnosis:
     reserved_handoffs: Tuple[str, ...]
     active_handoffs: Tuple[str, ...]
     other: Tuple[str, ...] = ()
+    #: LIVE-7: the simulated time one period of a timed cycle takes (None: the clock stands still)
+    period_ms: Optional[float] = None
 
     def message(self) -> str:
         kind = "livelock" if self.proven else "suspected livelock"
+        if self.period_ms is None:
+            head = (f"{kind}: {self.stage} worker {self.worker_idx} repeats the same zero-duration pass at "
+                    f"t={self.now_ms!r} ms ({self.runtime} runtime; cycle of {self.cycle_passes} pass(es)); "
+                    "simulated time never advances and the compiled 1.3.0.post1 engine spins forever here")
+        elif self.proven:
+            head = (f"{kind}: {self.stage} worker {self.worker_idx} keeps running timed passes that admit, "
+                    f"emit and complete nothing ({self.runtime} runtime): the run's state repeats after "
+                    f"{self.cycle_passes} clock step(s) and {self.period_ms!r} ms of simulated time (seen at "
+                    f"t={self.now_ms!r} ms); the clock advances forever and the compiled 1.3.0.post1 engine "
+                    "runs forever here")
+        else:
+            head = (f"{kind}: {self.stage} worker {self.worker_idx} kept running timed passes that admit, "
+                    f"emit and complete nothing for {STEP_BUDGET} clock steps up to t={self.now_ms!r} ms "
+                    f"({self.runtime} runtime) without a repeated state")
         lines = [
-            f"{kind}: {self.stage} worker {self.worker_idx} repeats the same zero-duration pass at "
-            f"t={self.now_ms!r} ms ({self.runtime} runtime; cycle of {self.cycle_passes} pass(es)); "
-            "simulated time never advances and the compiled 1.3.0.post1 engine spins forever here",
+            head,
             f"  repeating pass admits: {', '.join(self.admitted) or '-'} and emits no token",
             f"  waiting: {', '.join(self.waiting) or '-'}",
             f"  running: {', '.join(self.running) or '-'}",
@@ -187,6 +201,47 @@ class CycleDetector:
         if prev is not None:
             return self.quiet - prev
         self.seen[key] = self.quiet
+        return None
+
+
+class TimedCycleDetector:
+    """LIVE-7: Brent's cycle detection over the runtime states seen between clock advances.
+
+    A runtime calls ``observe(key_fn, now_ms)`` at each clock step that is *quiet* (only timed
+    passes that admit, emit, complete and hand off nothing, with the clock's next stop one of
+    them) and ``reset()`` at any other step.  ``key_fn()`` must return a value that determines the
+    runtime's whole future up to absolute time; two equal values at different steps prove a cycle
+    that advances the clock forever.  One saved state, replaced at powers of two, finds a cycle of
+    period ``p`` that starts after ``m`` quiet steps within about ``2 * max(m, p)`` steps.
+    ``observe`` returns ``(steps in one period, simulated ms in one period)``, or ``(-1, 0.0)``
+    when the LIVE-4 budget of quiet steps is exhausted without a repeat.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.quiet = 0
+        self.saved: Any = None
+        self.saved_ms = 0.0
+        self.lam = 0
+        self.power = 0
+
+    def observe(self, key_fn, now_ms: float) -> Optional[Tuple[int, float]]:
+        self.quiet += 1
+        if self.quiet >= STEP_BUDGET:
+            return -1, 0.0
+        if self.quiet < RECORD_AFTER:
+            return None
+        key = key_fn()
+        if self.power == 0:  # the first recorded state
+            self.saved, self.saved_ms, self.lam, self.power = key, now_ms, 0, 1
+            return None
+        self.lam += 1
+        if key == self.saved:
+            return self.lam, now_ms - self.saved_ms
+        if self.lam == self.power:
+            self.saved, self.saved_ms, self.lam, self.power = key, now_ms, 0, self.power * 2
         return None
 
 

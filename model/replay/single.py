@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+import attrs
+
 from model import core as C
 from model.engine_args import EngineArgs
 from model.protocol import Submit
@@ -17,7 +19,7 @@ from model.workload import ReplayRequest
 from .admission import WorkloadAdmission, make_admission, record_visible_pass, to_direct
 from .common import ReplayDeadEnd, ReplayError
 from .dead_end import StuckWorker
-from .livelock import CycleDetector, ReplayLivelock, canonical_state, diagnose
+from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose
 
 #: DRV-11: consecutive no-progress passes before the dead-end error (single.rs:26)
 MAX_CONSECUTIVE_NO_PROGRESS_PASSES = 1024
@@ -41,6 +43,7 @@ def run_single(
     no_progress = 0
     done = 0
     detector = CycleDetector()
+    timed = TimedCycleDetector()
 
     def record_arrival(req: ReplayRequest, arrival: float) -> None:
         nonlocal core, col
@@ -97,6 +100,17 @@ def run_single(
                     f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-11",
                     stuck=(StuckWorker("aggregated", 0, core, args),),
                 )
+        # LIVE-7: a quiet timed pass (nothing admitted, emitted or completed, no arrival to come);
+        # the core, the releases and the completions so far determine the rest of the run
+        if (now > start and max_sim_time_ms is None and not res.admissions and not res.output_signals
+                and res.completed_requests == 0 and C.num_requests(core) == before
+                and adm.next_ready_time_ms() is None):
+            found = timed.observe(lambda: (canonical_state(core), adm.released, done), now)
+            if found is not None:
+                diag = diagnose("single", "aggregated", 0, now, core, found[0], ())
+                raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1]))
+        else:
+            timed.reset()
         # LIVE-1: a quiet pass at constant time (no output, no completion)
         if now == start and not res.output_signals and res.completed_requests == 0:
             cycle = detector.observe(lambda: (canonical_state(core), no_progress),
