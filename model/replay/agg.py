@@ -36,7 +36,11 @@ class _AggRun:
         # LIVE-7: anything but a quiet timed pass bumps ``activity``; the detector watches clock steps
         self.activity = 0
         self.activity_seen = 0
-        self.timed = TimedCycleDetector()
+        self.emitted = 0
+        self.emitted_seen = 0
+        self.admitted: list = []
+        self.timed_one = TimedCycleDetector()  # one pending event
+        self.timed_quiet = TimedCycleDetector()  # several, all quiet completions
         self.canon = CanonicalCores()
 
     # -- DRV-13: routing and arrivals ------------------------------------------------------
@@ -66,6 +70,7 @@ class _AggRun:
     def process_completed_pass(self, result) -> None:
         if result.output_signals or result.completed_requests:
             self.activity += 1
+            self.emitted += 1
         for s in result.output_signals:
             if s.completed:
                 status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
@@ -119,29 +124,48 @@ class _AggRun:
                 self.detector.reset()
 
     def note_pass(self, _worker, res) -> None:
-        """LIVE-7: a zero-duration pass (kept or dropped) or one that admits or emits is activity."""
-        if res.end_ms == self.now or res.admissions or res.output_signals or res.completed_requests:
+        """LIVE-7: a zero-duration pass (kept or dropped) or one that emits is activity; one that
+        emits or completes is also emission (admissions touch only the worker that makes them)."""
+        if res.output_signals or res.completed_requests:
+            self.emitted += 1
             self.activity += 1
+        elif res.end_ms == self.now:
+            self.activity += 1
+        for a in res.admissions:
+            self.admitted.append(a.uuid.value)
 
     def watch_timed_cycle(self) -> None:
-        """LIVE-7: before the clock advances, after a clock step in which only quiet timed passes ran
-        and completed, with no arrival to come, record the state that determines the rest of the run."""
+        """LIVE-7: before the clock advances, with no arrival to come and no cap, record the state
+        that determines the rest of the run: after any step that emitted nothing when one event is
+        pending, after a quiet step when several are."""
         quiet = self.activity == self.activity_seen
-        self.activity_seen = self.activity
-        pending = self.events.quiet_completions() if quiet else None
-        if (pending is None or self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None
-                or not self.pool.quiet_between_steps()):
-            self.timed.reset()
+        silent = self.emitted == self.emitted_seen
+        self.activity_seen, self.emitted_seen = self.activity, self.emitted
+        admitted, self.admitted = self.admitted, []
+        if self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None:
+            self.timed_one.reset()
+            self.timed_quiet.reset()
             return
-        found = self.timed.observe(
-            lambda: (self.canon.pool_key(self.pool), pending, self.adm.released, self.done_count,
+        one = self.events.only_event() if silent else None
+        pending = self.events.quiet_completions() if quiet and one is None else None
+        if pending is not None and not self.pool.quiet_between_steps():
+            pending = None
+        if one is None:
+            self.timed_one.reset()
+        if pending is None:
+            self.timed_quiet.reset()
+        if one is None and pending is None:
+            return
+        det = self.timed_one if one is not None else self.timed_quiet
+        found = det.observe(
+            lambda: (self.canon.pool_key(self.pool), one, pending, self.adm.released, self.done_count,
                      self.next_worker_idx),
-            self.now,
+            self.now, admitted,
         )
         if found is not None:
-            (w_idx,) = min(pending)
+            w_idx = one[1][0] if one is not None and one[0] == WORKER_COMPLETION else min(pending or {(0,)})[0]
             w = self.pool.workers[w_idx]
-            diag = diagnose("agg", "aggregated", w.idx, self.now, w.core, found[0], ())
+            diag = diagnose("agg", "aggregated", w.idx, self.now, w.core, found[0], det.admitted)
             raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1]))
 
     def drain_current_timestamp(self) -> None:

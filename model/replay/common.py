@@ -95,9 +95,22 @@ class EventHeap:
     def __len__(self) -> int:
         return len(self._heap)
 
+    def only_event(self) -> Optional[tuple]:
+        """LIVE-7: when exactly one event is pending, what its handling depends on (its kind and
+        payload, a pass result reduced to its completions, output signals and lifecycle events);
+        otherwise None.  With one event the run's future does not depend on when it falls."""
+        if len(self._heap) != 1:
+            return None
+        _at, _rank, _seq, kind, payload = self._heap[0]
+        if kind == WORKER_COMPLETION:
+            res = payload[-1]
+            return (kind, payload[:-1], res.completed_requests, tuple(res.output_signals),
+                    tuple(res.lifecycle_events))
+        return kind, payload
+
     def quiet_completions(self) -> Optional[frozenset]:
-        """LIVE-7: when every pending event is the completion of a quiet timed pass (no admission,
-        output, completion or lifecycle event), the set of their payloads less the pass result
+        """LIVE-7: when every pending event is the completion of a quiet timed pass (no output,
+        completion or lifecycle event), the set of their payloads less the pass result
         (``(worker,)`` or ``(stage, worker)``); otherwise None.  Such completions touch only their own
         worker, so their order does not matter."""
         out = []
@@ -105,7 +118,7 @@ class EventHeap:
             if kind != WORKER_COMPLETION:
                 return None
             res = payload[-1]
-            if res.output_signals or res.completed_requests or res.admissions or res.lifecycle_events:
+            if res.output_signals or res.completed_requests or res.lifecycle_events:
                 return None
             out.append(payload[:-1])
         return frozenset(out)

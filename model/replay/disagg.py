@@ -211,7 +211,11 @@ class _DisaggRun:
         # LIVE-7: anything but a quiet timed pass bumps ``activity``; the detector watches clock steps
         self.activity = 0
         self.activity_seen = 0
-        self.timed = TimedCycleDetector()
+        self.emitted = 0
+        self.emitted_seen = 0
+        self.admitted: List[str] = []
+        self.timed_one = TimedCycleDetector()  # one pending event
+        self.timed_quiet = TimedCycleDetector()  # several, all quiet completions
         self.canon = CanonicalCores()
 
     # -- helpers ----------------------------------------------------------------------------
@@ -426,6 +430,7 @@ class _DisaggRun:
             raise ReplayError(f"offline disagg replay finalized request {uuid} more than once", rule="DIS-12")
         transfer_was_pending = st.phase == TRANSFER_PENDING
         self.activity += 1
+        self.emitted += 1
         st.counted_in_flight = False
         st.phase = CLEANUP_PENDING
         st.original = None
@@ -563,37 +568,63 @@ class _DisaggRun:
                 detector.reset()
 
     def note_pass(self, _worker, res) -> None:
-        """LIVE-7: a zero-duration pass (kept or dropped) or one that admits, emits or hands off is
-        activity."""
-        if (res.end_ms == self.now or res.admissions or res.output_signals or res.completed_requests
-                or res.lifecycle_events):
+        """LIVE-7: a zero-duration pass (kept or dropped) or one that emits or hands off is activity;
+        one that emits or completes is also emission (admissions touch only the worker that makes
+        them)."""
+        if res.output_signals or res.completed_requests:
+            self.emitted += 1
             self.activity += 1
+        elif res.end_ms == self.now or res.lifecycle_events:
+            self.activity += 1
+        for a in res.admissions:
+            self.admitted.append(a.uuid.value)
 
     def watch_timed_cycle(self) -> None:
-        """LIVE-7: before the clock advances, after a clock step in which only quiet timed passes ran
-        and completed, with no arrival, action or transfer to come, record the state that determines
-        the rest of the run."""
+        """LIVE-7: before the clock advances, with no arrival to come and no cap, record the state
+        that determines the rest of the run: after any step that emitted nothing when one event is
+        pending, after a quiet step (no action, no fact) when several are."""
         quiet = self.activity == self.activity_seen
-        self.activity_seen = self.activity
-        pending = self.events.quiet_completions() if quiet else None
-        if (pending is None or self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None
-                or not self.actions.is_empty() or not self.prefill.quiet_between_steps()
-                or not self.decode.quiet_between_steps()):
-            self.timed.reset()
+        silent = self.emitted == self.emitted_seen
+        self.activity_seen, self.emitted_seen = self.activity, self.emitted
+        admitted, self.admitted = self.admitted, []
+        if self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None:
+            self.timed_one.reset()
+            self.timed_quiet.reset()
+            return
+        one = self.events.only_event() if silent else None
+        pending = None
+        if quiet and one is None and self.actions.is_empty():
+            pending = self.events.quiet_completions()
+            if pending is not None and not (self.prefill.quiet_between_steps() and self.decode.quiet_between_steps()):
+                pending = None
+        if one is None:
+            self.timed_one.reset()
+        if pending is None:
+            self.timed_quiet.reset()
+        if one is None and pending is None:
             return
 
         def key():
+            a = self.actions
             requests = tuple(sorted((u, st.phase, st.coordinator, st.counted_in_flight, st.prefill_worker,
-                                     st.decode_worker) for u, st in self.requests.items()))
-            return (self.canon.pool_key(self.prefill), self.canon.pool_key(self.decode), pending,
+                                     st.decode_worker) for u, st in self.requests.items() if st.phase != DONE))
+            actions = (tuple(a.pending), tuple(a.waiting[PREFILL]), tuple(a.waiting[DECODE]),
+                       tuple(sorted((stage, w, tuple(q)) for stage, d in a.deferred.items() for w, q in d.items())))
+            return (self.canon.pool_key(self.prefill), self.canon.pool_key(self.decode), one, pending,
                     self.adm.released, self.done_count, self.logical_in_flight, self.next_prefill_idx,
-                    self.next_decode_idx, self.stale_transfer_events, requests)
+                    self.next_decode_idx, self.stale_transfer_events, requests, actions)
 
-        found = self.timed.observe(key, self.now)
+        det = self.timed_one if one is not None else self.timed_quiet
+        found = det.observe(key, self.now, admitted)
         if found is not None:
-            stage, w_idx = min(pending)
+            if one is not None and one[0] == WORKER_COMPLETION:
+                stage, w_idx = one[1]
+            elif pending:
+                stage, w_idx = min(pending)
+            else:  # a lone transfer completion: report the first decode worker
+                stage, w_idx = DECODE, 0
             w = self.pool(stage).workers[w_idx]
-            diag = diagnose("disagg", stage, w.idx, self.now, w.core, found[0], ())
+            diag = diagnose("disagg", stage, w.idx, self.now, w.core, found[0], det.admitted)
             raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1], other=self._livelock_context()))
 
     def _livelock_context(self) -> Tuple[str, ...]:

@@ -67,14 +67,13 @@ class LivelockDiagnosis:
                     f"t={self.now_ms!r} ms ({self.runtime} runtime; cycle of {self.cycle_passes} pass(es)); "
                     "simulated time never advances and the compiled 1.3.0.post1 engine spins forever here")
         elif self.proven:
-            head = (f"{kind}: {self.stage} worker {self.worker_idx} keeps running timed passes that admit, "
-                    f"emit and complete nothing ({self.runtime} runtime): the run's state repeats after "
-                    f"{self.cycle_passes} clock step(s) and {self.period_ms!r} ms of simulated time (seen at "
-                    f"t={self.now_ms!r} ms); the clock advances forever and the compiled 1.3.0.post1 engine "
-                    "runs forever here")
+            head = (f"{kind}: {self.stage} worker {self.worker_idx} keeps running passes that emit and "
+                    f"complete nothing while the clock advances ({self.runtime} runtime): the run's state "
+                    f"repeats after {self.cycle_passes} step(s) and {self.period_ms!r} ms of simulated time "
+                    f"(seen at t={self.now_ms!r} ms); the compiled 1.3.0.post1 engine runs forever here")
         else:
-            head = (f"{kind}: {self.stage} worker {self.worker_idx} kept running timed passes that admit, "
-                    f"emit and complete nothing for {STEP_BUDGET} clock steps up to t={self.now_ms!r} ms "
+            head = (f"{kind}: {self.stage} worker {self.worker_idx} kept running passes that emit and "
+                    f"complete nothing for {STEP_BUDGET} steps up to t={self.now_ms!r} ms "
                     f"({self.runtime} runtime) without a repeated state")
         lines = [
             head,
@@ -207,11 +206,11 @@ class CycleDetector:
 class TimedCycleDetector:
     """LIVE-7: Brent's cycle detection over the runtime states seen between clock advances.
 
-    A runtime calls ``observe(key_fn, now_ms)`` at each clock step that is *quiet* (only timed
-    passes that admit, emit, complete and hand off nothing, with the clock's next stop one of
-    them) and ``reset()`` at any other step.  ``key_fn()`` must return a value that determines the
-    runtime's whole future up to absolute time; two equal values at different steps prove a cycle
-    that advances the clock forever.  One saved state, replaced at powers of two, finds a cycle of
+    A runtime calls ``observe(key_fn, now_ms, admitted)`` at each step it may record (see LIVE-7
+    for which) and ``reset()`` at any other step.  ``key_fn()`` must return a value that determines the
+    runtime's whole future up to absolute time; two equal values at different simulated times prove
+    a cycle that advances the clock forever (equal values at one instant are not reported: a loop
+    that never advances the clock is LIVE-1's).  One saved state, replaced at powers of two, finds a cycle of
     period ``p`` that starts after ``m`` quiet steps within about ``2 * max(m, p)`` steps.
     ``observe`` returns ``(steps in one period, simulated ms in one period)``, or ``(-1, 0.0)``
     when the LIVE-4 budget of quiet steps is exhausted without a repeat.
@@ -226,9 +225,13 @@ class TimedCycleDetector:
         self.saved_ms = 0.0
         self.lam = 0
         self.power = 0
+        self.admitted: List[str] = []
 
-    def observe(self, key_fn, now_ms: float) -> Optional[Tuple[int, float]]:
+    def observe(self, key_fn, now_ms: float, admitted=()) -> Optional[Tuple[int, float]]:
         self.quiet += 1
+        for a in admitted:
+            if a not in self.admitted:
+                self.admitted.append(a)
         if self.quiet >= STEP_BUDGET:
             return -1, 0.0
         if self.quiet < RECORD_AFTER:
@@ -238,7 +241,7 @@ class TimedCycleDetector:
             self.saved, self.saved_ms, self.lam, self.power = key, now_ms, 0, 1
             return None
         self.lam += 1
-        if key == self.saved:
+        if key == self.saved and now_ms != self.saved_ms:  # a repeat at one instant is LIVE-1's
             return self.lam, now_ms - self.saved_ms
         if self.lam == self.power:
             self.saved, self.saved_ms, self.lam, self.power = key, now_ms, 0, self.power * 2

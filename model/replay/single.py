@@ -100,14 +100,15 @@ def run_single(
                     f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-11",
                     stuck=(StuckWorker("aggregated", 0, core, args),),
                 )
-        # LIVE-7: a quiet timed pass (nothing admitted, emitted or completed, no arrival to come);
-        # the core, the releases and the completions so far determine the rest of the run
-        if (now > start and max_sim_time_ms is None and not res.admissions and not res.output_signals
-                and res.completed_requests == 0 and C.num_requests(core) == before
-                and adm.next_ready_time_ms() is None):
-            found = timed.observe(lambda: (canonical_state(core), adm.released, done), now)
+        # LIVE-7: a pass that emitted and completed nothing, with no arrival to come and no cap:
+        # the core, the no-progress count, the releases and the completions so far determine the
+        # rest of the run (a repeat at the same time is LIVE-1's to report)
+        if (max_sim_time_ms is None and not res.output_signals and res.completed_requests == 0
+                and C.num_requests(core) == before and adm.next_ready_time_ms() is None):
+            found = timed.observe(lambda: (canonical_state(core), no_progress, adm.released, done), now,
+                                  [a.uuid.value for a in res.admissions])
             if found is not None:
-                diag = diagnose("single", "aggregated", 0, now, core, found[0], ())
+                diag = diagnose("single", "aggregated", 0, now, core, found[0], timed.admitted)
                 raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1]))
         else:
             timed.reset()
