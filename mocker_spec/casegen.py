@@ -88,7 +88,8 @@ def _trace(rng: random.Random, trace_block_size: int) -> List[Dict[str, Any]]:
 
 
 def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: bool = False,
-                  sessions: bool = False, large: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+                  sessions: bool = False, large: bool = False,
+                  tiny: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``.
 
     The variants draw the same case, then change it from streams of their own, so the plain
@@ -108,8 +109,15 @@ def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: 
     - ``large`` (applied first) appends the rows of 2-7 other cases of the family, later in time and
       with their own unique hash ids (shared leading ids stay shared), grows each pool to hold the
       longest prompt, and draws 1-8 aggregated workers or 1-4 per disaggregated pool: traces of
-      about 50-250 requests on more workers than the plain cases have."""
-    case, rows = _generate_case(seed, index)
+      about 50-250 requests on more workers than the plain cases have;
+    - ``tiny`` draws a different case from a stream of its own (``large`` cannot be combined
+      with it): pools of 1-8 blocks of 4-16 tokens, 1-4 requests of 1-40 prompt tokens and 0-12
+      output tokens (0 included) drawn from six hash ids, budgets down to one block, one or two
+      workers per pool.  These are the edge cases (dead ends, both livelock shapes of LIVE-1 and
+      LIVE-7, requests that can never fit) that the plain cases reach only rarely."""
+    if tiny and large:
+        raise ValueError("the tiny and large variants cannot be combined")
+    case, rows = _tiny_case(seed, index) if tiny else _generate_case(seed, index)
     if large:
         case, rows = _enlarge(seed, index, case, rows)
     if concurrency:
@@ -208,16 +216,57 @@ def _generate_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str
     return case, rows
 
 
+def _tiny_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    rng = random.Random(f"mocker-spec-casegen-tiny:{seed}:{index}")
+    mode, engine = rng.choice(KINDS)
+    bs = rng.choice([4, 8, 16])
+
+    def engine_args(worker_type: str) -> Dict[str, Any]:
+        args: Dict[str, Any] = {"engine_type": engine, "block_size": bs, "num_gpu_blocks": rng.randint(1, 8),
+                                "worker_type": worker_type}
+        if rng.random() < 0.7:
+            args["max_num_seqs"] = rng.choice([1, 2, 3])
+        if rng.random() < 0.7:
+            args["max_num_batched_tokens"] = rng.choice([bs, 2 * bs, 64])
+        if rng.random() < 0.5:
+            args["enable_prefix_caching"] = False
+        if rng.random() < 0.3 and engine != "sglang":
+            args["enable_chunked_prefill"] = False
+        if engine == "sglang" and rng.random() < 0.4:
+            args["sglang"] = {"chunked_prefill_size": rng.choice([16, 32])}  # multiples of bs (ARGS-9)
+        return args
+
+    tbs = rng.choice([4, 8, 16])
+    case: Dict[str, Any] = {"mode": mode, "router_mode": "round_robin", "trace_block_size": tbs}
+    if mode == "agg":
+        case["engine_args"] = engine_args("aggregated")
+        case["num_workers"] = rng.choice([1, 1, 2])
+    else:
+        case["prefill_engine_args"] = engine_args("prefill")
+        case["decode_engine_args"] = engine_args("decode")  # one block size for both (DRV-1)
+        case["num_prefill_workers"] = rng.choice([1, 2])
+        case["num_decode_workers"] = rng.choice([1, 2])
+    rows = []
+    t = 0.0
+    for _ in range(rng.randint(1, 4)):
+        isl = rng.randint(1, 40)
+        rows.append({"timestamp": t, "input_length": isl, "output_length": rng.choice([0, 1, 1, 2, 5, 12]),
+                     "hash_ids": [rng.randint(0, 5) for _ in range(math.ceil(isl / tbs))]})
+        t += rng.choice([0.0, 1.0, 3.0, 20.0])
+    return case, rows
+
+
 def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: bool = False,
-                extra_args: bool = False, sessions: bool = False, large: bool = False) -> List[Path]:
+                extra_args: bool = False, sessions: bool = False, large: bool = False,
+                tiny: bool = False) -> List[Path]:
     """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each:
     ``gen-*``; a variant adds ``c`` (concurrency), ``x`` (extra args), ``s`` (sessions), ``l``
-    (large), e.g. ``gencs-*``)."""
+    (large), ``t`` (tiny), e.g. ``gencs-*``)."""
     dirs = []
     prefix = ("gen" + ("c" if concurrency else "") + ("x" if extra_args else "") + ("s" if sessions else "")
-              + ("l" if large else ""))
+              + ("l" if large else "") + ("t" if tiny else ""))
     for i in range(start, start + count):
-        case, rows = generate_case(seed, i, concurrency, extra_args, sessions, large)
+        case, rows = generate_case(seed, i, concurrency, extra_args, sessions, large, tiny)
         d = out / f"{prefix}-{seed}-{i:04d}"
         d.mkdir(parents=True, exist_ok=True)
         (d / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")

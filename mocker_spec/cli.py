@@ -421,8 +421,11 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     if problem:
         messages.error(f"--out={args.out!r}: {problem}")
         return 2
+    if args.tiny and args.large:
+        messages.error("--tiny and --large: cannot be combined (tiny cases draw their own pools)")
+        return 2
     dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency, args.extra_args,
-                       args.sessions, args.large)
+                       args.sessions, args.large, args.tiny)
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
@@ -479,6 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="group the rows into multi-turn sessions (gen*s-* cases; spec/replay.md DRV-17)")
     p.add_argument("--large", action="store_true",
                    help="longer traces (about 50-250 requests) on up to 8 workers (gen*l-* cases)")
+    p.add_argument("--tiny", action="store_true",
+                   help="edge cases: pools of 1-8 blocks, 1-4 requests, output lengths from 0 (gen*t-* cases)")
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.set_defaults(func=cmd_gen_cases)

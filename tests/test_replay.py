@@ -931,6 +931,29 @@ def test_casegen_large_variant_grows_traces_and_worker_counts_with_valid_setups(
     assert min(sizes) >= 40 and max(sizes) >= 150 and max(workers) >= 6
 
 
+def test_casegen_tiny_variant_draws_valid_edge_cases():
+    """``gen-cases --tiny``: a case of its own per index (not the plain one), on pools of 1-8
+    blocks with 1-4 requests, zero-output rows and prompts that outgrow the pool among them; every
+    kind and valid setups only; it cannot be combined with ``--large``."""
+    from mocker_spec.casegen import KINDS, generate_case
+    from mocker_spec.reference import setup_from_job
+
+    kinds, zero_output, too_long = set(), 0, 0
+    for i in range(80):
+        case, rows = generate_case(97, i, tiny=True)
+        assert generate_case(97, i, tiny=True) == (case, rows) and (case, rows) != generate_case(97, i)
+        assert 1 <= len(rows) <= 4
+        args = [case["engine_args"]] if case["mode"] == "agg" else [case["prefill_engine_args"], case["decode_engine_args"]]
+        kinds.add((case["mode"], args[0]["engine_type"]))
+        assert all(1 <= a["num_gpu_blocks"] <= 8 for a in args)
+        zero_output += any(r["output_length"] == 0 for r in rows)
+        too_long += any(r["input_length"] > a["num_gpu_blocks"] * a["block_size"] for r in rows for a in args)
+        check_setup(setup_from_job(case))
+    assert kinds == set(KINDS) and zero_output >= 10 and too_long >= 10
+    with pytest.raises(ValueError):
+        generate_case(97, 0, large=True, tiny=True)
+
+
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
 def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
     """LIVE-5: the compiled build hangs on both (recorded as timeout). SGLang variant on the

@@ -16,7 +16,7 @@ from .admission import make_admission, record_visible_pass, to_direct
 import attrs
 
 from .common import WORKER_COMPLETION, CanonicalCores, EventHeap, Pool, ReplayDeadEnd
-from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose
+from .livelock import CycleDetector, ReplayLivelock, TimedWatch, canonical_state, diagnose
 
 
 class _AggRun:
@@ -33,14 +33,7 @@ class _AggRun:
         self.on_progress = on_progress
         self.done_count = 0
         self.detector = CycleDetector()
-        # LIVE-7: anything but a quiet timed pass bumps ``activity``; the detector watches clock steps
-        self.activity = 0
-        self.activity_seen = 0
-        self.emitted = 0
-        self.emitted_seen = 0
-        self.admitted: list = []
-        self.timed_one = TimedCycleDetector()  # one pending event
-        self.timed_quiet = TimedCycleDetector()  # several, all quiet completions
+        self.timed = TimedWatch()  # LIVE-7
         self.canon = CanonicalCores()
 
     # -- DRV-13: routing and arrivals ------------------------------------------------------
@@ -62,15 +55,14 @@ class _AggRun:
             self.col = self.col.on_decode_assigned(req.uuid, w)
             released = True
         if released:
-            self.activity += 1
+            self.timed.note_activity()
         return released
 
     # -- DRV-14: completions -----------------------------------------------------------------
 
     def process_completed_pass(self, result) -> None:
         if result.output_signals or result.completed_requests:
-            self.activity += 1
-            self.emitted += 1
+            self.timed.note_emission()
         for s in result.output_signals:
             if s.completed:
                 status = TerminalStatus.REJECTED if s.rejected else TerminalStatus.COMPLETED
@@ -124,39 +116,16 @@ class _AggRun:
                 self.detector.reset()
 
     def note_pass(self, _worker, res) -> None:
-        """LIVE-7: a zero-duration pass (kept or dropped) or one that emits is activity; one that
-        emits or completes is also emission (admissions touch only the worker that makes them)."""
-        if res.output_signals or res.completed_requests:
-            self.emitted += 1
-            self.activity += 1
-        elif res.end_ms == self.now:
-            self.activity += 1
-        for a in res.admissions:
-            self.admitted.append(a.uuid.value)
+        self.timed.note_pass(self.now, res)
 
     def watch_timed_cycle(self) -> None:
         """LIVE-7: before the clock advances, with no arrival to come and no cap, record the state
-        that determines the rest of the run: after any step that emitted nothing when one event is
-        pending, after a quiet step when several are."""
-        quiet = self.activity == self.activity_seen
-        silent = self.emitted == self.emitted_seen
-        self.activity_seen, self.emitted_seen = self.activity, self.emitted
-        admitted, self.admitted = self.admitted, []
-        if self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None:
-            self.timed_one.reset()
-            self.timed_quiet.reset()
+        that determines the rest of the run."""
+        step = self.timed.step(self.events, self.max_sim_time_ms is None and self.adm.next_ready_time_ms() is None,
+                               self.pool.quiet_between_steps)
+        if step is None:
             return
-        one = self.events.only_event() if silent else None
-        pending = self.events.quiet_completions() if quiet and one is None else None
-        if pending is not None and not self.pool.quiet_between_steps():
-            pending = None
-        if one is None:
-            self.timed_one.reset()
-        if pending is None:
-            self.timed_quiet.reset()
-        if one is None and pending is None:
-            return
-        det = self.timed_one if one is not None else self.timed_quiet
+        det, one, pending, admitted = step
         found = det.observe(
             lambda: (self.canon.pool_key(self.pool), one, pending, self.adm.released, self.done_count,
                      self.next_worker_idx),

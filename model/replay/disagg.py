@@ -59,7 +59,7 @@ from .coordinator import (
     TimedOutFact,
     new_coordinator,
 )
-from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose
+from .livelock import CycleDetector, ReplayLivelock, TimedWatch, canonical_state, diagnose
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -208,14 +208,7 @@ class _DisaggRun:
         self.on_progress = on_progress
         self.done_count = 0
         self.detectors = {PREFILL: CycleDetector(), DECODE: CycleDetector()}
-        # LIVE-7: anything but a quiet timed pass bumps ``activity``; the detector watches clock steps
-        self.activity = 0
-        self.activity_seen = 0
-        self.emitted = 0
-        self.emitted_seen = 0
-        self.admitted: List[str] = []
-        self.timed_one = TimedCycleDetector()  # one pending event
-        self.timed_quiet = TimedCycleDetector()  # several, all quiet completions
+        self.timed = TimedWatch()  # LIVE-7
         self.canon = CanonicalCores()
 
     # -- helpers ----------------------------------------------------------------------------
@@ -256,7 +249,7 @@ class _DisaggRun:
         self.actions.enqueue_all(uuid, new)
 
     def apply_fact(self, uuid: str, fact) -> None:
-        self.activity += 1
+        self.timed.note_activity()
         if isinstance(fact, (FailedFact, TimedOutFact)):
             self.col = self.col.on_terminal(uuid, TerminalStatus.FAILED)
         elif isinstance(fact, CanceledFact):
@@ -383,7 +376,7 @@ class _DisaggRun:
             if item is None:
                 return changed
             uuid, action = item
-            self.activity += 1
+            self.timed.note_activity()
             r = self.execute_action(uuid, action)
             if r[0] == _APPLIED:
                 changed = True
@@ -396,7 +389,7 @@ class _DisaggRun:
 
     def process_lifecycle_events(self, events) -> None:
         if events:
-            self.activity += 1
+            self.timed.note_activity()
         for ev in events:
             uuid = self.uuid_for_handoff(ev.handoff_id)
             if uuid != ev.request_id.value:
@@ -429,8 +422,7 @@ class _DisaggRun:
         if not st.counted_in_flight or st.phase == DONE:
             raise ReplayError(f"offline disagg replay finalized request {uuid} more than once", rule="DIS-12")
         transfer_was_pending = st.phase == TRANSFER_PENDING
-        self.activity += 1
-        self.emitted += 1
+        self.timed.note_emission()
         st.counted_in_flight = False
         st.phase = CLEANUP_PENDING
         st.original = None
@@ -475,7 +467,7 @@ class _DisaggRun:
             self.actions.enqueue_all(uuid, actions)
             released = True
         if released:
-            self.activity += 1
+            self.timed.note_activity()
         return released
 
     # -- DIS-13: passes ----------------------------------------------------------------------------
@@ -568,41 +560,18 @@ class _DisaggRun:
                 detector.reset()
 
     def note_pass(self, _worker, res) -> None:
-        """LIVE-7: a zero-duration pass (kept or dropped) or one that emits or hands off is activity;
-        one that emits or completes is also emission (admissions touch only the worker that makes
-        them)."""
-        if res.output_signals or res.completed_requests:
-            self.emitted += 1
-            self.activity += 1
-        elif res.end_ms == self.now or res.lifecycle_events:
-            self.activity += 1
-        for a in res.admissions:
-            self.admitted.append(a.uuid.value)
+        self.timed.note_pass(self.now, res)
 
     def watch_timed_cycle(self) -> None:
         """LIVE-7: before the clock advances, with no arrival to come and no cap, record the state
-        that determines the rest of the run: after any step that emitted nothing when one event is
-        pending, after a quiet step (no action, no fact) when several are."""
-        quiet = self.activity == self.activity_seen
-        silent = self.emitted == self.emitted_seen
-        self.activity_seen, self.emitted_seen = self.activity, self.emitted
-        admitted, self.admitted = self.admitted, []
-        if self.max_sim_time_ms is not None or self.adm.next_ready_time_ms() is not None:
-            self.timed_one.reset()
-            self.timed_quiet.reset()
+        that determines the rest of the run (several pending events only with no queued action)."""
+        step = self.timed.step(
+            self.events, self.max_sim_time_ms is None and self.adm.next_ready_time_ms() is None,
+            lambda: (self.actions.is_empty() and self.prefill.quiet_between_steps()
+                     and self.decode.quiet_between_steps()))
+        if step is None:
             return
-        one = self.events.only_event() if silent else None
-        pending = None
-        if quiet and one is None and self.actions.is_empty():
-            pending = self.events.quiet_completions()
-            if pending is not None and not (self.prefill.quiet_between_steps() and self.decode.quiet_between_steps()):
-                pending = None
-        if one is None:
-            self.timed_one.reset()
-        if pending is None:
-            self.timed_quiet.reset()
-        if one is None and pending is None:
-            return
+        det, one, pending, admitted = step
 
         def key():
             a = self.actions
@@ -614,7 +583,6 @@ class _DisaggRun:
                     self.adm.released, self.done_count, self.logical_in_flight, self.next_prefill_idx,
                     self.next_decode_idx, self.stale_transfer_events, requests, actions)
 
-        det = self.timed_one if one is not None else self.timed_quiet
         found = det.observe(key, self.now, admitted)
         if found is not None:
             if one is not None and one[0] == WORKER_COMPLETION:
@@ -651,12 +619,12 @@ class _DisaggRun:
             self.events.pop()
             self.stale_transfer_events -= 1
             removed = True
-            self.activity += 1
+            self.timed.note_activity()
         if self.stale_transfer_events > 32 and self.stale_transfer_events * 2 > len(self.events):
             self.events.retain(lambda k, p: not (k == TRANSFER_COMPLETE and p not in self.by_handoff))
             self.stale_transfer_events = 0
             removed = True
-            self.activity += 1
+            self.timed.note_activity()
         return removed
 
     def apply_transfer_completions(self) -> bool:

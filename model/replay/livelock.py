@@ -248,6 +248,70 @@ class TimedCycleDetector:
         return None
 
 
+class TimedWatch:
+    """LIVE-7 bookkeeping shared by the event-loop and disaggregated runtimes.
+
+    The runtime counts *activity* (anything but a quiet timed pass: a zero-duration pass, output,
+    a completion, a handoff, a released arrival, an applied fact or action, a pruned transfer
+    event) and *emission* (output or completions), and collects the admissions its passes make.
+    ``step`` is called once per clock step, before the clock advances; it says which recording
+    regime applies (one pending event after a step that emitted nothing, or several pending
+    quiet completions after a quiet step) and resets the detector of the other."""
+
+    def __init__(self) -> None:
+        self.activity = 0
+        self.emitted = 0
+        self._activity_seen = 0
+        self._emitted_seen = 0
+        self.admitted: List[str] = []
+        self.one = TimedCycleDetector()  # exactly one pending event
+        self.several = TimedCycleDetector()  # several, all quiet completions
+
+    def note_activity(self) -> None:
+        self.activity += 1
+
+    def note_emission(self) -> None:
+        self.activity += 1
+        self.emitted += 1
+
+    def note_pass(self, now_ms: float, res) -> None:
+        """A pass that emits or completes is emission; a zero-duration pass (kept or dropped) or
+        one that hands off is activity; admissions are only collected (they touch only the worker
+        that makes them)."""
+        if res.output_signals or res.completed_requests:
+            self.note_emission()
+        elif res.end_ms == now_ms or res.lifecycle_events:
+            self.note_activity()
+        for a in res.admissions:
+            self.admitted.append(a.uuid.value)
+
+    def step(self, events, watching: bool, quiet_ok):
+        """``(detector, one, pending, admitted)`` when this clock step may be recorded, else None.
+        ``watching`` is false under a cap or with an arrival to come; ``quiet_ok()`` holds when
+        nothing outside the pending completions can act (idle or busy workers, no queued action)."""
+        quiet = self.activity == self._activity_seen
+        silent = self.emitted == self._emitted_seen
+        self._activity_seen, self._emitted_seen = self.activity, self.emitted
+        admitted, self.admitted = self.admitted, []
+        if not watching:
+            self.one.reset()
+            self.several.reset()
+            return None
+        one = events.only_event() if silent else None
+        pending = None
+        if quiet and one is None:
+            pending = events.quiet_completions()
+            if pending is not None and not quiet_ok():
+                pending = None
+        if one is None:
+            self.one.reset()
+        if pending is None:
+            self.several.reset()
+        if one is None and pending is None:
+            return None
+        return (self.one if one is not None else self.several), one, pending, admitted
+
+
 def diagnose(runtime: str, stage: str, worker_idx: int, now_ms: float, core, cycle: int, admitted) -> LivelockDiagnosis:
     """LIVE-3: describe the looping worker from its core (best effort for unknown core types)."""
 
