@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,7 @@ class Outcome:
     message: str = ""
     summary: Optional[Dict[str, Any]] = None
     records: Optional[List[Dict[str, Any]]] = None
+    refused: Optional[str] = None  # the model's side: the input field it refused (InvalidInput.field)
 
     def label(self) -> str:
         if not self.message:
@@ -136,14 +138,16 @@ if job.get("replay_concurrency") is not None:
 for key in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms"):
     if job.get(key) is not None:
         kw[key] = job[key]
-if job["mode"] == "agg":
-    if job.get("engine_args") is not None:
-        kw["extra_engine_args"] = mk(job["engine_args"])
-    kw["num_workers"] = job.get("num_workers", 1)
-else:
-    kw.update(prefill_engine_args=mk(job["prefill_engine_args"]), decode_engine_args=mk(job["decode_engine_args"]),
-              num_prefill_workers=job.get("num_prefill_workers", 1), num_decode_workers=job.get("num_decode_workers", 1))
 try:
+    # building the engine args is where the binding refuses them (FID-10): an error, not a crash
+    if job["mode"] == "agg":
+        if job.get("engine_args") is not None:
+            kw["extra_engine_args"] = mk(job["engine_args"])
+        kw["num_workers"] = job.get("num_workers", 1)
+    else:
+        kw.update(prefill_engine_args=mk(job["prefill_engine_args"]), decode_engine_args=mk(job["decode_engine_args"]),
+                  num_prefill_workers=job.get("num_prefill_workers", 1),
+                  num_decode_workers=job.get("num_decode_workers", 1))
     if job.get("trace_file") is not None:
         kw["trace_block_size"] = job.get("trace_block_size", 512)
         kw["report_jsonl_path"] = job["report_path"]
@@ -390,12 +394,52 @@ def _row_key(r: Mapping[str, Any]) -> Tuple:
     )
 
 
+#: FID-10: the ways the compiled build words a refusal of its engine arguments (raised while
+#: ``MockEngineArgs(...)`` is built, before any replay), each capturing the argument it names:
+#: the validator's ranges and cross-field rules (``__all__``; common/protocols.rs:1307-1309,
+#: bindings replay.rs:317-323), the binding's argument conversion, an unknown keyword, an unknown
+#: engine type; a negative count names none
+_ARG_REFUSALS = tuple(re.compile(p) for p in (
+    r"^Failed to (?:normalize|build) MockEngineArgs: (?:Failed to validate MockEngineArgs: )?(\w+): ",
+    r"^argument '(\w+)': ",
+    r"unexpected keyword argument '(\w+)'",
+    r"^(engine_type) must be one of ",
+    r"^()can't convert negative int to unsigned$",
+))
+_ENGINE_ARGS_KEYS = ("engine_args", "prefill_engine_args", "decode_engine_args")
+
+
+def refused_argument(message: str) -> Optional[str]:
+    """FID-10: the engine argument a reference error message refuses (``""`` when it names none,
+    ``"__all__"`` for a cross-field rule), or None when the message is not an argument refusal.
+    A runner's crash prefix and the exception's class name are skipped."""
+    text = message[len("the reference crashed: "):] if message.startswith("the reference crashed: ") else message
+    text = re.sub(r"^(?:Exception|TypeError|ValueError|OverflowError): ", "", text, count=1)
+    for pattern in _ARG_REFUSALS:
+        m = pattern.search(text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _same_refusal(field: Optional[str], ref_message: str) -> bool:
+    """FID-10: the model refused engine-args ``field`` and the reference refused the same argument
+    (its range-error text lists the range's keys in hash-map order, so texts are not compared)."""
+    if field is None or field.split(".")[0] not in _ENGINE_ARGS_KEYS:
+        return False
+    named = refused_argument(ref_message)
+    last = field.split(".")[-1]
+    return named == "" or named == last or (named == "__all__" and last in ref_message)
+
+
 def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
-    """None when the outcomes agree (a model livelock agrees with a reference hang)."""
+    """None when the outcomes agree (a model livelock agrees with a reference hang; a model
+    refusal of an engine argument agrees with the reference's refusal of the same one)."""
     if ours.status != "ok" or ref.status != "ok":
         agree = (
             (ours.status == "livelock" and ref.status == "timeout")
-            or (ours.status == "error" and ref.status == "error" and ours.message == ref.message)
+            or (ours.status == "error" and ref.status == "error"
+                and (ours.message == ref.message or _same_refusal(ours.refused, ref.message)))
         )
         return None if agree else Divergence("status", "status", ours.label(), ref.label())
     if ref.records is not None and ours.records is not None:
@@ -455,7 +499,7 @@ def check_loaded_case(job: Dict[str, Any], ref: Outcome) -> Tuple[Outcome, Outco
     try:
         ours = run_model(job)
     except InvalidInput as exc:  # upstream's text is the reason; the field=value prefix is the CLI's
-        ours = Outcome("error", exc.reason)
+        ours = Outcome("error", exc.reason, refused=exc.field)
     except Exception as exc:  # a missing core, a model bug: report it per case
         ours = Outcome("error", f"{type(exc).__name__}: {exc}")
     return ours, ref, compare(ours, ref)

@@ -797,6 +797,50 @@ def test_compare_reports_first_divergent_field():
     assert compare(Outcome("ok", "", {}, [dict(row, ttft_ms=1.0 + 1e-15)]), Outcome("ok", "", {}, [row])) is None
 
 
+# the compiled build's texts (recorded from 1.3.0.post1, see spec/fidelity.md FID-10)
+_RANGE = ('Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs: max_num_seqs: Validation '
+          'error: range [{"min": Number(1), "value": Number(0)}]')
+_CROSS = ('Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs: __all__: engine_type=sglang '
+          'requires block_size and sglang.page_size to match when both are set, got block_size=8 and '
+          'sglang.page_size=4')
+
+
+@pytest.mark.parametrize("message, named", [
+    (_RANGE, "max_num_seqs"),
+    ("the reference crashed: Exception: " + _RANGE, "max_num_seqs"),  # recorded before FID-10
+    (_CROSS, "__all__"),
+    ("argument 'num_gpu_blocks': 'float' object cannot be interpreted as an integer", "num_gpu_blocks"),
+    ("MockEngineArgs.__new__() got an unexpected keyword argument 'foo_bar'", "foo_bar"),
+    ("engine_type must be one of 'vllm', 'sglang', or 'trtllm', got 'foo'", "engine_type"),
+    ("can't convert negative int to unsigned", ""),
+    ("offline replay reached a dead end with 1 in-flight requests remaining", None),
+    ("invalid handoff transfer bandwidth 0", None),
+])
+def test_refused_argument_reads_the_reference_refusals(message, named):
+    from mocker_spec.reference import refused_argument
+
+    assert refused_argument(message) == named
+
+
+def test_a_refusal_agrees_only_with_a_model_refusal_of_the_same_argument():
+    """FID-10: texts differ, the refused argument must not."""
+    from mocker_spec.reference import Outcome, compare
+
+    ref = Outcome("error", _RANGE)
+    ours = lambda field: Outcome("error", "must be >= 1 (null means unlimited)", refused=field)  # noqa: E731
+    assert compare(ours("engine_args.max_num_seqs"), ref) is None
+    assert compare(ours("decode_engine_args.max_num_seqs"), ref) is None
+    assert compare(ours("engine_args.num_gpu_blocks"), ref).where == "status"
+    assert compare(ours("max_num_seqs"), ref).where == "status"  # not an engine-args field
+    assert compare(Outcome("error", "must be >= 1 (null means unlimited)"), ref).where == "status"
+    cross = Outcome("error", _CROSS)
+    assert compare(ours("engine_args.sglang.page_size"), cross) is None
+    assert compare(ours("engine_args.sglang.chunked_prefill_size"), cross).where == "status"
+    assert compare(ours("engine_args.max_num_seqs"), Outcome("error", "can't convert negative int to unsigned")) is None
+    dead_end = Outcome("error", "offline replay reached a dead end with 1 in-flight requests remaining")
+    assert compare(ours("engine_args.max_num_seqs"), dead_end).where == "status"
+
+
 # ---------------------------------------------------------------------------------------------
 # seeded fresh cases (mocker_spec/casegen.py; spec/fidelity.md) and the hangs they found
 # ---------------------------------------------------------------------------------------------
