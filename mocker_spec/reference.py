@@ -422,10 +422,24 @@ def refused_argument(message: str) -> Optional[str]:
     return None
 
 
-def _same_refusal(field: Optional[str], ref_message: str) -> bool:
-    """FID-10: the model refused engine-args ``field`` and the reference refused the same argument
-    (its range-error text lists the range's keys in hash-map order, so texts are not compared)."""
-    if field is None or field.split(".")[0] not in _ENGINE_ARGS_KEYS:
+#: FID-10: the compiled build's trace-file refusals quote the file's path, which is where the case
+#: was recorded (loadgen/trace.rs:193-197, 303-305)
+_TRACE_LINE_REFUSAL = re.compile(r"^failed to parse line (\d+) from .+ as JSON$")
+_EMPTY_TRACE = re.compile(r"^trace file .+ did not contain any requests$")
+
+
+def _same_refusal(field: Optional[str], ours_message: str, ref_message: str) -> bool:
+    """FID-10: the model refused ``field`` and the reference refused the same input: the same engine
+    argument (its range-error text lists the range's keys in hash-map order, so texts are not
+    compared), the same trace line, or an empty trace file (texts that quote the file's path)."""
+    if field is None:
+        return False
+    line = _TRACE_LINE_REFUSAL.match(ref_message)
+    if line:
+        return field.startswith(f"trace line {line.group(1)}:")
+    if _EMPTY_TRACE.match(ref_message):
+        return ours_message == "trace file did not contain any requests"
+    if field.split(".")[0] not in _ENGINE_ARGS_KEYS:
         return False
     named = refused_argument(ref_message)
     last = field.split(".")[-1]
@@ -434,12 +448,12 @@ def _same_refusal(field: Optional[str], ref_message: str) -> bool:
 
 def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
     """None when the outcomes agree (a model livelock agrees with a reference hang; a model
-    refusal of an engine argument agrees with the reference's refusal of the same one)."""
+    refusal agrees with the reference's refusal of the same input, FID-10)."""
     if ours.status != "ok" or ref.status != "ok":
         agree = (
             (ours.status == "livelock" and ref.status == "timeout")
             or (ours.status == "error" and ref.status == "error"
-                and (ours.message == ref.message or _same_refusal(ours.refused, ref.message)))
+                and (ours.message == ref.message or _same_refusal(ours.refused, ours.message, ref.message)))
         )
         return None if agree else Divergence("status", "status", ours.label(), ref.label())
     if ref.records is not None and ours.records is not None:

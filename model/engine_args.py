@@ -443,57 +443,55 @@ def _check_range_int(field: str, value: int, lo: int, hi: int, rule: str) -> Non
 # ---------------------------------------------------------------------------
 
 
-def check_aggregated_replay_args(args: EngineArgs, num_workers: int) -> None:
-    """Rule: ARGS-18. Aggregated trace replay: >= 1 worker, aggregated worker type, dp_size 1."""
+#: how upstream's ``{:?}`` prints the enumerations in its ARGS-18 texts
+_DEBUG_NAME = {"aggregated": "Aggregated", "prefill": "Prefill", "decode": "Decode",
+               "vllm": "Vllm", "sglang": "Sglang", "trtllm": "Trtllm"}
+
+
+def check_aggregated_replay_args(args: EngineArgs, num_workers: int, mode: str = "trace replay") -> None:
+    """Rule: ARGS-18. Aggregated replay: >= 1 worker, aggregated worker type, dp_size 1; the
+    reasons are upstream's texts, ``mode`` being ``trace replay`` or ``concurrency replay``."""
     if num_workers == 0:
-        raise InvalidInput("num_workers", num_workers, "trace replay requires num_workers >= 1", rule="ARGS-18")
+        raise InvalidInput("num_workers", num_workers, f"{mode} requires num_workers >= 1", rule="ARGS-18")
     if args.worker_type is not WorkerType.AGGREGATED:
-        raise InvalidInput(
-            "worker_type", args.worker_type.value, "trace replay only supports aggregated workers", rule="ARGS-18"
-        )
+        raise InvalidInput("worker_type", args.worker_type.value,
+                           f"{mode} only supports aggregated workers, got {_DEBUG_NAME[args.worker_type.value]}",
+                           rule="ARGS-18")
     if args.dp_size != 1:
-        raise InvalidInput("dp_size", args.dp_size, "trace replay only supports data_parallel_size=1", rule="ARGS-18")
+        raise InvalidInput("dp_size", args.dp_size, f"{mode} only supports data_parallel_size=1, got {args.dp_size}",
+                           rule="ARGS-18")
 
 
 def check_disagg_replay_args(
-    prefill: EngineArgs, decode: EngineArgs, num_prefill_workers: int, num_decode_workers: int
+    prefill: EngineArgs, decode: EngineArgs, num_prefill_workers: int, num_decode_workers: int,
+    mode: str = "trace replay",
 ) -> None:
-    """Rule: ARGS-18. Disaggregated trace replay, in upstream's check order."""
+    """Rule: ARGS-18. Disaggregated replay, in upstream's check order and with its texts."""
+    p_engine, d_engine = prefill.engine_type.value, decode.engine_type.value
     if prefill.engine_type is EngineType.TRTLLM or decode.engine_type is EngineType.TRTLLM:
-        bad = prefill if prefill.engine_type is EngineType.TRTLLM else decode
-        raise InvalidInput(
-            "engine_type", bad.engine_type.value, "trace replay disaggregation does not support TRT-LLM", rule="ARGS-18"
-        )
+        raise InvalidInput("engine_type", "trtllm", f"{mode} disaggregation does not support TRT-LLM", rule="ARGS-18")
     if prefill.engine_type is not decode.engine_type:
-        raise InvalidInput(
-            "decode_engine_args.engine_type",
-            decode.engine_type.value,
-            f"must match prefill engine_type {prefill.engine_type.value!r}",
-            rule="ARGS-18",
-        )
+        raise InvalidInput("decode_engine_args.engine_type", d_engine,
+                           f"{mode} disaggregation requires matching prefill/decode engine_type, got "
+                           f"{_DEBUG_NAME[p_engine]} and {_DEBUG_NAME[d_engine]}", rule="ARGS-18")
     if num_prefill_workers == 0:
-        raise InvalidInput("num_prefill_workers", num_prefill_workers, "must be >= 1", rule="ARGS-18")
+        raise InvalidInput("num_prefill_workers", 0, f"{mode} requires num_prefill_workers >= 1", rule="ARGS-18")
     if num_decode_workers == 0:
-        raise InvalidInput("num_decode_workers", num_decode_workers, "must be >= 1", rule="ARGS-18")
-    if prefill.worker_type is not WorkerType.PREFILL:
-        raise InvalidInput(
-            "prefill_engine_args.worker_type", prefill.worker_type.value, "must be 'prefill'", rule="ARGS-18"
-        )
-    if decode.worker_type is not WorkerType.DECODE:
-        raise InvalidInput(
-            "decode_engine_args.worker_type", decode.worker_type.value, "must be 'decode'", rule="ARGS-18"
-        )
-    if prefill.dp_size != 1:
-        raise InvalidInput("prefill_engine_args.dp_size", prefill.dp_size, "must be 1", rule="ARGS-18")
-    if decode.dp_size != 1:
-        raise InvalidInput("decode_engine_args.dp_size", decode.dp_size, "must be 1", rule="ARGS-18")
+        raise InvalidInput("num_decode_workers", 0, f"{mode} requires num_decode_workers >= 1", rule="ARGS-18")
+    for side, args, wanted in (("prefill", prefill, WorkerType.PREFILL), ("decode", decode, WorkerType.DECODE)):
+        if args.worker_type is not wanted:
+            raise InvalidInput(f"{side}_engine_args.worker_type", args.worker_type.value,
+                               f"{mode} requires {side}_engine_args.worker_type={wanted.value}, got "
+                               f"{_DEBUG_NAME[args.worker_type.value]}", rule="ARGS-18")
+    for side, args in (("prefill", prefill), ("decode", decode)):
+        if args.dp_size != 1:
+            raise InvalidInput(f"{side}_engine_args.dp_size", args.dp_size,
+                               f"{mode} only supports {side} data_parallel_size=1, got {args.dp_size}",
+                               rule="ARGS-18")
     if prefill.block_size != decode.block_size:
-        raise InvalidInput(
-            "decode_engine_args.block_size",
-            decode.block_size,
-            f"must match prefill block_size {prefill.block_size}",
-            rule="ARGS-18",
-        )
+        raise InvalidInput("decode_engine_args.block_size", decode.block_size,
+                           f"{mode} requires matching prefill/decode block_size, got {prefill.block_size} and "
+                           f"{decode.block_size}", rule="ARGS-18")
 
 
 # ---------------------------------------------------------------------------

@@ -423,7 +423,8 @@ def normalize_session_starts(trace: Trace) -> Trace:
 
 def _check_ratio(ratio: float, name: str, rule: str) -> None:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0.0:
-        raise InvalidInput(name, ratio, f"ratio must be a finite positive number, got {ratio}", rule=rule)
+        shown = rust_display(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else ratio
+        raise InvalidInput(name, ratio, f"ratio must be a finite positive number, got {shown}", rule=rule)
 
 
 def speed_up_timing(trace: Trace, ratio: float) -> Trace:

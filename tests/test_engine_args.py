@@ -411,28 +411,44 @@ def test_args16_17_derived_values():
 
 
 def test_args18_replay_checks():
+    """The reasons are upstream's texts (mocker/replay/validate.rs:45-63, 115-167; the disaggregated
+    block-size, worker-type and num_workers ones were also recorded from the compiled build, goldens
+    input-refused-*), with the replay mode in front."""
     agg = EngineArgs()
     check_aggregated_replay_args(agg, 1)
-    with pytest.raises(InvalidInput):
-        check_aggregated_replay_args(agg, 0)
-    with pytest.raises(InvalidInput):
-        check_aggregated_replay_args(EngineArgs(dp_size=2), 1)
-    with pytest.raises(InvalidInput):
-        check_aggregated_replay_args(EngineArgs(worker_type="prefill"), 1)
+    for args, workers, mode, reason in (
+        (agg, 0, "trace replay", "trace replay requires num_workers >= 1"),
+        (agg, 0, "concurrency replay", "concurrency replay requires num_workers >= 1"),
+        (EngineArgs(dp_size=2), 1, "trace replay", "trace replay only supports data_parallel_size=1, got 2"),
+        (EngineArgs(worker_type="prefill"), 1, "trace replay", "trace replay only supports aggregated workers, got Prefill"),
+    ):
+        with pytest.raises(InvalidInput) as info:
+            check_aggregated_replay_args(args, workers, mode)
+        assert info.value.rule == "ARGS-18" and info.value.reason == reason
     p, d = EngineArgs(worker_type="prefill", block_size=16), EngineArgs(worker_type="decode", block_size=16)
     check_disagg_replay_args(p, d, 1, 1)
-    for bad in (
-        (EngineArgs(engine_type="trtllm", worker_type="prefill"), d, 1, 1),
-        (EngineArgs(engine_type="sglang", worker_type="prefill", block_size=16), d, 1, 1),
-        (p, d, 0, 1),
-        (p, d, 1, 0),
-        (EngineArgs(block_size=16), d, 1, 1),
-        (p, EngineArgs(worker_type="prefill", block_size=16), 1, 1),
-        (p, EngineArgs(worker_type="decode", block_size=8), 1, 1),
+    for bad, reason in (
+        ((EngineArgs(engine_type="trtllm", worker_type="prefill"), d, 1, 1),
+         "trace replay disaggregation does not support TRT-LLM"),
+        ((EngineArgs(engine_type="sglang", worker_type="prefill", block_size=16), d, 1, 1),
+         "trace replay disaggregation requires matching prefill/decode engine_type, got Sglang and Vllm"),
+        ((p, d, 0, 1), "trace replay requires num_prefill_workers >= 1"),
+        ((p, d, 1, 0), "trace replay requires num_decode_workers >= 1"),
+        ((EngineArgs(block_size=16), d, 1, 1),
+         "trace replay requires prefill_engine_args.worker_type=prefill, got Aggregated"),
+        ((p, EngineArgs(worker_type="prefill", block_size=16), 1, 1),
+         "trace replay requires decode_engine_args.worker_type=decode, got Prefill"),
+        ((EngineArgs(worker_type="prefill", block_size=16, dp_size=2), d, 1, 1),
+         "trace replay only supports prefill data_parallel_size=1, got 2"),
+        ((p, EngineArgs(worker_type="decode", block_size=8), 1, 1),
+         "trace replay requires matching prefill/decode block_size, got 16 and 8"),
     ):
         with pytest.raises(InvalidInput) as info:
             check_disagg_replay_args(*bad)
-        assert info.value.rule == "ARGS-18"
+        assert info.value.rule == "ARGS-18" and info.value.reason == reason
+    with pytest.raises(InvalidInput) as info:
+        check_disagg_replay_args(p, EngineArgs(worker_type="aggregated", block_size=16), 1, 1, "concurrency replay")
+    assert info.value.reason == "concurrency replay requires decode_engine_args.worker_type=decode, got Aggregated"
 
 
 # ---------------------------------------------------------------------------

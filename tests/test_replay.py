@@ -839,6 +839,12 @@ def test_a_refusal_agrees_only_with_a_model_refusal_of_the_same_argument():
     assert compare(ours("engine_args.max_num_seqs"), Outcome("error", "can't convert negative int to unsigned")) is None
     dead_end = Outcome("error", "offline replay reached a dead end with 1 in-flight requests remaining")
     assert compare(ours("engine_args.max_num_seqs"), dead_end).where == "status"
+    # trace refusals quote the recording's path: compared by line (loadgen/trace.rs:193-197, 303-305)
+    line2 = Outcome("error", "failed to parse line 2 from /elsewhere/trace.jsonl as JSON")
+    assert compare(Outcome("error", "invalid value", refused="trace line 2: output_length"), line2) is None
+    assert compare(Outcome("error", "invalid value", refused="trace line 3: output_length"), line2).where == "status"
+    empty = Outcome("error", "trace file /elsewhere/trace.jsonl did not contain any requests")
+    assert compare(Outcome("error", "trace file did not contain any requests", refused="trace"), empty) is None
 
 
 # ---------------------------------------------------------------------------------------------

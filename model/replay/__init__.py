@@ -88,6 +88,7 @@ def check_setup(setup: ReplaySetup) -> None:
         raise InvalidInput("extra_engine_args", "given",
                            "extra_engine_args cannot be combined with prefill_engine_args/decode_engine_args",
                            rule="DRV-1")
+    mode = "trace replay" if setup.replay_concurrency is None else "concurrency replay"  # ARGS-18's texts
     if setup.is_disagg:
         if setup.prefill_args is None or setup.decode_args is None:
             raise InvalidInput("prefill_engine_args" if setup.prefill_args is None else "decode_engine_args", None,
@@ -97,7 +98,7 @@ def check_setup(setup: ReplaySetup) -> None:
                                "num_workers is only used for aggregated replay; use num_prefill_workers and "
                                "num_decode_workers for disagg replay", rule="DRV-1")
         check_disagg_replay_args(setup.prefill_args, setup.decode_args, setup.num_prefill_workers,
-                                 setup.num_decode_workers)
+                                 setup.num_decode_workers, mode)
         handoff_order(setup.prefill_args, setup.decode_args)
     else:
         if setup.num_prefill_workers != 1 or setup.num_decode_workers != 1:
@@ -108,7 +109,7 @@ def check_setup(setup: ReplaySetup) -> None:
         if setup.router_mode == "kv_router" and setup.num_workers <= 1:
             raise InvalidInput("router_mode", "kv_router",
                                "offline replay only supports router_mode=kv_router when num_workers > 1", rule="DRV-1")
-        check_aggregated_replay_args(setup.engine_args or EngineArgs(), setup.num_workers)
+        check_aggregated_replay_args(setup.engine_args or EngineArgs(), setup.num_workers, mode)
     if setup.router_mode == "kv_router":
         raise InvalidInput("router_mode", "kv_router", "kv_router replay is not supported yet by the model",
                            rule="DRV-1")
