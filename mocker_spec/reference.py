@@ -78,6 +78,7 @@ class Outcome:
     summary: Optional[Dict[str, Any]] = None
     records: Optional[List[Dict[str, Any]]] = None
     refused: Optional[str] = None  # the model's side: the input field it refused (InvalidInput.field)
+    refused_value: Any = None  # ... and the value it refused
 
     def label(self) -> str:
         if not self.message:
@@ -428,12 +429,18 @@ _TRACE_LINE_REFUSAL = re.compile(r"^failed to parse line (\d+) from .+ as JSON$"
 _EMPTY_TRACE = re.compile(r"^trace file .+ did not contain any requests$")
 
 
-def _same_refusal(field: Optional[str], ours_message: str, ref_message: str) -> bool:
-    """FID-10: the model refused ``field`` and the reference refused the same input: the same engine
-    argument (its range-error text lists the range's keys in hash-map order, so texts are not
-    compared), the same trace line, or an empty trace file (texts that quote the file's path)."""
+def _same_refusal(ours: Outcome, ref_message: str) -> bool:
+    """FID-10: the model refused ``ours.refused`` and the reference refused the same input: the same
+    engine argument (its range-error text lists the range's keys in hash-map order, so texts are
+    not compared), the same trace line, or an empty trace file (texts that quote the file's path);
+    the binding's text for a negative count names no argument and agrees with a refusal of a
+    negative integer anywhere."""
+    field, ours_message = ours.refused, ours.message
     if field is None:
         return False
+    if refused_argument(ref_message) == "":
+        value = ours.refused_value
+        return isinstance(value, int) and not isinstance(value, bool) and value < 0
     line = _TRACE_LINE_REFUSAL.match(ref_message)
     if line:
         return field.startswith(f"trace line {line.group(1)}:")
@@ -443,7 +450,7 @@ def _same_refusal(field: Optional[str], ours_message: str, ref_message: str) -> 
         return False
     named = refused_argument(ref_message)
     last = field.split(".")[-1]
-    return named == "" or named == last or (named == "__all__" and last in ref_message)
+    return named == last or (named == "__all__" and last in ref_message)
 
 
 def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
@@ -453,7 +460,7 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
         agree = (
             (ours.status == "livelock" and ref.status == "timeout")
             or (ours.status == "error" and ref.status == "error"
-                and (ours.message == ref.message or _same_refusal(ours.refused, ours.message, ref.message)))
+                and (ours.message == ref.message or _same_refusal(ours, ref.message)))
         )
         return None if agree else Divergence("status", "status", ours.label(), ref.label())
     if ref.records is not None and ours.records is not None:
@@ -513,7 +520,7 @@ def check_loaded_case(job: Dict[str, Any], ref: Outcome) -> Tuple[Outcome, Outco
     try:
         ours = run_model(job)
     except InvalidInput as exc:  # upstream's text is the reason; the field=value prefix is the CLI's
-        ours = Outcome("error", exc.reason, refused=exc.field)
+        ours = Outcome("error", exc.reason, refused=exc.field, refused_value=exc.value)
     except Exception as exc:  # a missing core, a model bug: report it per case
         ours = Outcome("error", f"{type(exc).__name__}: {exc}")
     return ours, ref, compare(ours, ref)

@@ -836,7 +836,11 @@ def test_a_refusal_agrees_only_with_a_model_refusal_of_the_same_argument():
     cross = Outcome("error", _CROSS)
     assert compare(ours("engine_args.sglang.page_size"), cross) is None
     assert compare(ours("engine_args.sglang.chunked_prefill_size"), cross).where == "status"
-    assert compare(ours("engine_args.max_num_seqs"), Outcome("error", "can't convert negative int to unsigned")) is None
+    negative = Outcome("error", "can't convert negative int to unsigned")  # names no argument
+    assert compare(Outcome("error", "must be a non-negative integer", refused="num_workers", refused_value=-1),
+                   negative) is None
+    assert compare(Outcome("error", "x", refused="engine_args.max_num_seqs", refused_value=-1), negative) is None
+    assert compare(ours("engine_args.max_num_seqs"), negative).where == "status"  # the model's value was not negative
     dead_end = Outcome("error", "offline replay reached a dead end with 1 in-flight requests remaining")
     assert compare(ours("engine_args.max_num_seqs"), dead_end).where == "status"
     # trace refusals quote the recording's path: compared by line (loadgen/trace.rs:193-197, 303-305)

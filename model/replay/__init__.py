@@ -83,7 +83,9 @@ def check_setup(setup: ReplaySetup) -> None:
         raise InvalidInput("replay_concurrency", setup.replay_concurrency, "replay_concurrency must be at least 1",
                            rule="DRV-1")
     if setup.router_mode not in ("round_robin", "kv_router"):
-        raise InvalidInput("router_mode", setup.router_mode, "must be 'round_robin' or 'kv_router'", rule="DRV-1")
+        raise InvalidInput("router_mode", setup.router_mode,
+                           f"router_mode must be either 'round_robin' or 'kv_router', got '{setup.router_mode}'",
+                           rule="DRV-1")
     if setup.engine_args is not None and setup.is_disagg:
         raise InvalidInput("extra_engine_args", "given",
                            "extra_engine_args cannot be combined with prefill_engine_args/decode_engine_args",
