@@ -435,20 +435,20 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
     not compared), the same trace line, or an empty trace file (texts that quote the file's path);
     the binding's text for a negative count names no argument and agrees with a refusal of a
     negative integer anywhere."""
-    field, ours_message = ours.refused, ours.message
+    field = ours.refused
     if field is None:
         return False
-    if refused_argument(ref_message) == "":
+    named = refused_argument(ref_message)
+    if named == "":
         value = ours.refused_value
         return isinstance(value, int) and not isinstance(value, bool) and value < 0
     line = _TRACE_LINE_REFUSAL.match(ref_message)
     if line:
         return field.startswith(f"trace line {line.group(1)}:")
     if _EMPTY_TRACE.match(ref_message):
-        return ours_message == "trace file did not contain any requests"
+        return ours.message == "trace file did not contain any requests"
     if field.split(".")[0] not in _ENGINE_ARGS_KEYS:
         return False
-    named = refused_argument(ref_message)
     last = field.split(".")[-1]
     return named == last or (named == "__all__" and last in ref_message)
 
