@@ -1038,6 +1038,7 @@ DIVERGENT = ROOT / "tests" / "goldens" / "divergent"
 FID7_CASES = {
     "fid-7-partial-chunk-preemption": {588: (576, 544)},
     "fid-7-minimal": {64: (60, 40)},
+    "fid-7-gen-113-0139": {238: (192, 144)},
 }
 
 
