@@ -446,8 +446,17 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line naming the option and value (exit status 2), not the usage dump;
+    ``--help`` still shows the usage.  Subcommand parsers are of this class too."""
+
+    def error(self, message: str):  # type: ignore[override]
+        messages.error(f"{self.prog}: {message} (see {self.prog} --help)")
+        self.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mocker-spec",
         description="Executable reference model of the dynamo-mocker 1.3.0 scheduler.",
     )

@@ -25,3 +25,18 @@ def test_bad_arguments_exit_2():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr
+
+
+def test_usage_errors_are_one_line_naming_the_option_and_value(capsys):
+    """A bad choice or a malformed number is one line (no usage dump), exit status 2."""
+    import pytest
+
+    for argv, fragments in ((["replay", "--router-mode", "foo"], ("--router-mode", "'foo'")),
+                            (["replay", "--num-workers", "two"], ("--num-workers", "'two'")),
+                            (["gen-cases"], ("--out",))):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: mocker-spec"), lines
+        assert all(f in lines[0] for f in fragments), lines[0]
