@@ -443,9 +443,10 @@ def _check_range_int(field: str, value: int, lo: int, hi: int, rule: str) -> Non
 # ---------------------------------------------------------------------------
 
 
-#: how upstream's ``{:?}`` prints the enumerations in its ARGS-18 texts
-_DEBUG_NAME = {"aggregated": "Aggregated", "prefill": "Prefill", "decode": "Decode",
-               "vllm": "Vllm", "sglang": "Sglang", "trtllm": "Trtllm"}
+def _debug_name(value: str) -> str:
+    """How upstream's ``{:?}`` prints a worker or engine type in its ARGS-18 texts: the Rust variant
+    name, which is the value capitalised (``Prefill``, ``Vllm``, ``Sglang``)."""
+    return value.capitalize()
 
 
 def check_aggregated_replay_args(args: EngineArgs, num_workers: int, mode: str = "trace replay") -> None:
@@ -455,7 +456,7 @@ def check_aggregated_replay_args(args: EngineArgs, num_workers: int, mode: str =
         raise InvalidInput("num_workers", num_workers, f"{mode} requires num_workers >= 1", rule="ARGS-18")
     if args.worker_type is not WorkerType.AGGREGATED:
         raise InvalidInput("worker_type", args.worker_type.value,
-                           f"{mode} only supports aggregated workers, got {_DEBUG_NAME[args.worker_type.value]}",
+                           f"{mode} only supports aggregated workers, got {_debug_name(args.worker_type.value)}",
                            rule="ARGS-18")
     if args.dp_size != 1:
         raise InvalidInput("dp_size", args.dp_size, f"{mode} only supports data_parallel_size=1, got {args.dp_size}",
@@ -473,7 +474,7 @@ def check_disagg_replay_args(
     if prefill.engine_type is not decode.engine_type:
         raise InvalidInput("decode_engine_args.engine_type", d_engine,
                            f"{mode} disaggregation requires matching prefill/decode engine_type, got "
-                           f"{_DEBUG_NAME[p_engine]} and {_DEBUG_NAME[d_engine]}", rule="ARGS-18")
+                           f"{_debug_name(p_engine)} and {_debug_name(d_engine)}", rule="ARGS-18")
     if num_prefill_workers == 0:
         raise InvalidInput("num_prefill_workers", 0, f"{mode} requires num_prefill_workers >= 1", rule="ARGS-18")
     if num_decode_workers == 0:
@@ -482,7 +483,7 @@ def check_disagg_replay_args(
         if args.worker_type is not wanted:
             raise InvalidInput(f"{side}_engine_args.worker_type", args.worker_type.value,
                                f"{mode} requires {side}_engine_args.worker_type={wanted.value}, got "
-                               f"{_DEBUG_NAME[args.worker_type.value]}", rule="ARGS-18")
+                               f"{_debug_name(args.worker_type.value)}", rule="ARGS-18")
     for side, args in (("prefill", prefill), ("decode", decode)):
         if args.dp_size != 1:
             raise InvalidInput(f"{side}_engine_args.dp_size", args.dp_size,
