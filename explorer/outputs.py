@@ -250,7 +250,11 @@ def print_report(exp: Exploration, console) -> None:
                   str(c["new_states"]))
     console.print(t)
     if not exp.violations:
-        console.print("[green]no violation[/]")
+        if exp.complete:
+            console.print("[green]no violation[/]")
+        else:  # a bound stopped the search: what was not reached was not checked
+            console.print(f"[yellow]no violation in the {s['states']} states reached[/] (exploration stopped by "
+                          f"{exp.truncated_by}; raise the bound to check the rest)", highlight=False)
         return
     for v in exp.violations:
         console.print(f"[red]violation[/] ({v.occurrences} occurrence(s)); shortest counterexample, {v.length} step(s):",
