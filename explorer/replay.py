@@ -19,6 +19,7 @@ from model import core as C
 from . import properties as P
 from .actions import Outcome, fire, guard_holds
 from .canon import node_key
+from .goals import holds
 from .scenario import Scenario, scenario_from_dict
 
 
@@ -91,6 +92,29 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
     def result(ok, msg):
         return Reproduction(ok, msg, rep)
 
+    if kind in ("sometimes", "unreachable_goal"):
+        goal = next((g for g in scenario.sometimes if g.name == name), None)
+        if goal is None:
+            return result(False, f"the scenario has no goal {name!r}")
+        if kind == "unreachable_goal":
+            # unreachability is a claim about every path: re-explore, safety and liveness off
+            from .goals import evaluate
+            from .search import _run
+
+            graph = _run(scenario, None, None, None, False, None, safety=False, liveness=False)
+            if not graph.complete:
+                return result(False, f"the exploration stopped at {graph.num_states} states ({graph.truncated_by})")
+            (res,) = [r for r in evaluate(graph) if r.goal.name == name]
+            return result(res.reached is False, goal.describe() if res.reached is False
+                          else f"reached in {res.witness.length} step(s)")
+        from .search import _Viewer
+
+        if goal.cooperative_only and not all(scenario.action(s).cooperative for s in steps):
+            return result(False, "the witness uses an adversarial action")
+        once_index = {a.name: i for i, a in enumerate(scenario.actions) if a.once}
+        view = _Viewer(scenario, once_index).view(last, fired)
+        ok = holds(goal, view, C.is_drained(last))
+        return result(ok, f"the final state has {goal.describe()}" if ok else f"the final state's phases are {view[0]}")
     if kind == "invariant":
         found = [n for n, _ in P.registered_invariants(last)]
         return result(name in found, f"invariants violated at the end: {found}")

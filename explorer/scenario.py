@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import pathlib
 import zlib
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -79,7 +79,36 @@ VIOLATION_KINDS = (
     "deadlock",
     "livelock",
     "starvation",
+    "unreachable_goal",
 )
+
+#: SCN-10: the phases a reachability goal may name, per role (MC-41; the views of explorer.properties)
+GOAL_PHASES = {
+    "plain": ("unissued", "waiting", "waiting(fresh)", "running", "preempted", "done"),
+    "source": ("S_unissued", "S_pending", "S_held", "S_detached", "S_absent"),
+    "destination": ("D_unissued", "D_pending", "D_pending(tried)", "D_reserved", "D_active",
+                    "D_active(waiting)", "D_active(waiting(fresh))", "D_active(running)",
+                    "D_active(preempted)", "D_absent"),
+}
+
+
+@attrs.frozen
+class Goal:
+    """SCN-10 / MC-34: a reachability ("sometimes") goal: some reachable state has every named
+    request in its phase (and, when ``drained`` is set, a drained core or not), reached by any
+    path or, with ``cooperative_only``, by cooperative actions alone."""
+
+    name: str
+    #: (index of the request in the universe, its id, the phase it must be in)
+    phases: Tuple[Tuple[int, str, str], ...]
+    drained: Optional[bool] = None
+    cooperative_only: bool = False
+
+    def describe(self) -> str:
+        parts = [f"{r} at {ph}" for _i, r, ph in self.phases]
+        if self.drained is not None:
+            parts.append("a drained core" if self.drained else "a core that is not drained")
+        return ", ".join(parts)
 
 
 @attrs.frozen
@@ -147,6 +176,8 @@ class Scenario:
     symmetry: bool
     expect: Expectation
     path: Optional[str] = None
+    #: SCN-10: reachability goals, in file order
+    sometimes: Tuple[Goal, ...] = ()
     #: the decoded file, kept so counterexample tests can embed the scenario (MC-46)
     raw: Any = attrs.field(default=None, eq=False, repr=False)
 
@@ -228,7 +259,7 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
 # ---------------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"$schema", "name", "description", "engine", "requests", "adversarial", "actions", "checks",
-             "bounds", "now_ms", "symmetry", "expect"}
+             "bounds", "now_ms", "symmetry", "expect", "sometimes"}
 _REQ_KEYS = {"id", "role", "handoff", "tokens", "segments", "prompt_len", "max_output_tokens",
              "allow_destination_admission"}
 _ACTION_KEYS = {"name", "kind", "handoff", "request", "cooperative", "once", "guard",
@@ -454,6 +485,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     desc = obj.get("description", "")
     if not isinstance(desc, str):
         raise ScenarioError("scenario.description must be a string")
+    goals = _goals(obj.get("sometimes", []), requests)
     return Scenario(
         name=name,
         description=desc,
@@ -469,7 +501,45 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         expect=Expectation(verdict, kind, max_steps, defect),
         path=path,
         raw=json.loads(json.dumps(obj)),
+        sometimes=goals,
     )
+
+
+def _goals(raw: Any, requests: Sequence[RequestSpec]) -> Tuple[Goal, ...]:
+    """SCN-10: validate the ``sometimes`` list against the universe."""
+    if not isinstance(raw, list):
+        raise ScenarioError("scenario.sometimes must be a list")
+    index = {r.id: i for i, r in enumerate(requests)}
+    out: List[Goal] = []
+    for i, g in enumerate(raw):
+        where = f"sometimes[{i}]"
+        if not isinstance(g, Mapping):
+            raise ScenarioError(f"{where} must be an object")
+        _check_keys(g, {"name", "phases", "drained", "cooperative_only"}, where)
+        name = g.get("name")
+        if not isinstance(name, str) or not name:
+            raise ScenarioError(f"{where}.name must be a non-empty string")
+        if any(x.name == name for x in out):
+            raise ScenarioError(f"{where}: duplicate goal name {name!r}")
+        phases = g.get("phases", {})
+        if not isinstance(phases, Mapping):
+            raise ScenarioError(f"{where}.phases must be an object mapping request ids to phases")
+        conds = []
+        for rid, ph in phases.items():
+            if rid not in index:
+                raise ScenarioError(f"{where}.phases names unknown request {rid!r}")
+            allowed = GOAL_PHASES[requests[index[rid]].role]
+            if ph not in allowed:
+                raise ScenarioError(f"{where}.phases.{rid} must be one of {allowed} (a {requests[index[rid]].role} "
+                                    f"request), got {ph!r}")
+            conds.append((index[rid], rid, ph))
+        drained = g.get("drained")
+        if drained is not None and not isinstance(drained, bool):
+            raise ScenarioError(f"{where}.drained must be true or false")
+        if not conds and drained is None:
+            raise ScenarioError(f"{where} needs a condition: phases or drained")
+        out.append(Goal(name, tuple(conds), drained, _bool(g, "cooperative_only", False, where)))
+    return tuple(out)
 
 
 def _default_name(kind: str, handoff: Optional[str], request: Optional[DirectRequest]) -> str:

@@ -26,6 +26,7 @@ from model import core as C
 from . import properties as P
 from .actions import Outcome, fire, guard_holds
 from .canon import Symmetry, canonical_key, fresh_key, is_vllm, node_key, symmetry_for
+from .goals import GoalResult, evaluate, unreachable_message
 from .scenario import Scenario
 
 
@@ -115,6 +116,8 @@ class Exploration:
     liveness_states: Optional[int] = None
     #: the unreduced exploration the liveness checks ran on (symmetry runs only)
     liveness_graph: Optional["Exploration"] = attrs.field(default=None, eq=False, repr=False)
+    #: MC-34: one result per reachability goal of the scenario (SCN-10), in file order
+    goals: List[object] = attrs.Factory(list)
 
     @property
     def num_states(self) -> int:
@@ -243,17 +246,34 @@ def _collector_tuned():
 
 def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> Exploration:
     if sym is None:
-        return _run(scenario, None, max_states, max_depth, progress, stop, safety=True, liveness=liveness)
+        exp = _run(scenario, None, max_states, max_depth, progress, stop, safety=True, liveness=liveness)
+        _reach(exp, exp)
+        return exp
     reduced = _run(scenario, sym, max_states, max_depth, progress, stop, safety=True, liveness=False)
-    if liveness and reduced.truncated_by != "stop":
-        full = _run(scenario, None, max_states, max_depth, progress, None, safety=False, liveness=True)
+    if (liveness or scenario.sometimes) and reduced.truncated_by != "stop":
+        full = _run(scenario, None, max_states, max_depth, progress, None, safety=False, liveness=liveness)
         for v in full.violations:
             reduced.violations.append(_transplant(v, full, reduced))
         reduced.liveness_checked = full.liveness_checked
         reduced.liveness_states = full.num_states
         reduced.elapsed_s += full.elapsed_s
         reduced.liveness_graph = full
+        _reach(reduced, full)
+    else:
+        reduced.goals = [GoalResult(g, None) for g in scenario.sometimes]
     return reduced
+
+
+def _reach(exp: Exploration, graph: Exploration) -> None:
+    """MC-34: the scenario's reachability goals, on the unreduced ``graph``; a goal a complete
+    exploration never reaches is an ``unreachable_goal`` violation (0 steps, at the initial state)."""
+    if not exp.scenario.sometimes:
+        return
+    exp.goals = evaluate(graph, own=graph is exp)
+    for r in exp.goals:
+        if r.reached is False:
+            exp.violations.append(Violation("unreachable_goal", r.goal.name, unreachable_message(r.goal), 0, [],
+                                            graph=None if graph is exp else graph))
 
 
 def _transplant(v: Violation, src: Exploration, dst: Exploration) -> Violation:

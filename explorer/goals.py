@@ -1,0 +1,139 @@
+"""Reachability goals: "sometimes" properties with shortest witnesses (spec/model-checking.md MC-34).
+
+A safety or liveness verdict of ``clean`` is only as good as the scenario: if the driver's
+actions were always rejected, every state would be the empty core and nothing could fail. A goal
+says what must be *possible* -- some reachable state has these phases (SCN-10) -- and the
+explorer answers with the shortest path to such a state (a witness) or, after a complete
+exploration that found none, with an ``unreachable_goal`` violation.
+
+Goals are evaluated after the search, on the stored per-node views (MC-40) of an unreduced graph
+(with symmetry on, the second exploration MC-25 runs anyway): a goal names concrete request ids,
+which a symmetry reduction may have swapped for their class's representative.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import attrs
+
+from .scenario import Goal
+
+
+def phase_matches(want: str, have: str) -> bool:
+    """A goal's phase matches the node's phase itself or any of its refinements:
+    ``D_active`` matches ``D_active(running)``, ``D_pending`` matches ``D_pending(tried)``,
+    ``waiting`` matches ``waiting(fresh)``."""
+    return have == want or have.startswith(want + "(")
+
+
+def holds(goal: Goal, view: tuple, drained: bool) -> bool:
+    """MC-34: does a node with this view (MC-40) and drained flag satisfy ``goal``?
+    The view's phases are one per universe request, in universe order (SCN-3)."""
+    if goal.drained is not None and drained != goal.drained:
+        return False
+    phases = view[0]
+    return all(phase_matches(want, phases[i][1]) for i, _rid, want in goal.phases)
+
+
+@attrs.define
+class Witness:
+    """MC-34: the shortest path (edges of ``graph``) from the initial state to a state that
+    satisfies a goal. It has the shape of a finite counterexample, so the readable steps, ITF and
+    replay writers (MC-43, MC-44, MC-46) take it as they take a violation."""
+
+    name: str
+    message: str
+    node: int
+    prefix: List[int]
+    graph: Optional[object] = attrs.field(default=None, eq=False, repr=False)
+    kind: str = "sometimes"
+    edge: Optional[int] = None
+    cycle: List[int] = attrs.Factory(list)
+
+    def steps(self) -> List[int]:
+        return list(self.prefix)
+
+    @property
+    def length(self) -> int:
+        return len(self.prefix)
+
+    @property
+    def loop_index(self) -> Optional[int]:
+        return None
+
+
+@attrs.define
+class GoalResult:
+    """One goal's answer: ``reached`` is True (with a witness), False (a complete exploration has
+    no such state) or None (not found in an incomplete exploration, so unknown)."""
+
+    goal: Goal
+    reached: Optional[bool]
+    witness: Optional[Witness] = None
+
+
+def evaluate(graph, own: bool = True) -> List[GoalResult]:
+    """MC-34: every goal of ``graph.scenario`` on ``graph`` (an unreduced exploration). Without
+    ``cooperative_only`` the witness is the parent-pointer path of the first satisfying node (BFS
+    numbers nodes in order of depth, so it is a shortest one); with it, a breadth-first search
+    over the cooperative transitions alone. ``own`` is False when ``graph`` is not the exploration
+    the results are reported with (symmetry runs), so witnesses carry their graph."""
+    sc = graph.scenario
+    results: List[GoalResult] = []
+    coop_succ = None
+    for goal in sc.sometimes:
+        sat = [n for n in range(graph.num_states) if holds(goal, graph.views[n], graph.drained[n])]
+        node = None
+        path: List[int] = []
+        if goal.cooperative_only and sat:
+            if coop_succ is None:
+                coop_succ = {}
+                for e, ed in enumerate(graph.edges):
+                    if ed.dst >= 0 and ed.dst != ed.src and sc.actions[ed.action].cooperative:
+                        coop_succ.setdefault(ed.src, []).append((e, ed.dst))
+            node, path = _nearest(coop_succ, set(sat))
+        elif sat:
+            node = sat[0]
+            path = graph.path_to(node)
+        how = "by cooperative actions" if goal.cooperative_only else "by any actions"
+        if node is not None:
+            w = Witness(goal.name, f"{goal.name}: {goal.describe()}, reached {how}", node, path,
+                        graph=None if own else graph)
+            results.append(GoalResult(goal, True, w))
+        else:
+            results.append(GoalResult(goal, False if graph.complete else None))
+    return results
+
+
+def _nearest(succ, targets: set):
+    """The target nearest to node 0 over ``succ`` (ties: the lowest node number) and the path to it."""
+    if 0 in targets:
+        return 0, []
+    via = {0: None}
+    layer = [0]
+    while layer:
+        nxt = []
+        for n in layer:
+            for e, d in succ.get(n, ()):
+                if d not in via:
+                    via[d] = (n, e)
+                    nxt.append(d)
+        hits = [d for d in nxt if d in targets]
+        if hits:
+            node = min(hits)
+            path = []
+            n = node
+            while n != 0:
+                p, e = via[n]
+                path.append(e)
+                n = p
+            path.reverse()
+            return node, path
+        layer = nxt
+    return None, []
+
+
+def unreachable_message(goal: Goal) -> str:
+    how = " by cooperative actions" if goal.cooperative_only else ""
+    return f"no state reachable{how} has {goal.describe()}"

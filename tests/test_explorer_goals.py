@@ -1,0 +1,170 @@
+"""Reachability goals ("sometimes", spec/model-checking.md MC-34; scenario field SCN-10).
+
+The expected witness lengths are derived by hand in the comments: a destination needs its
+``reserve`` and ``activate`` (or a ``cancel_destination`` to leave), and a vLLM decode pass emits at
+most one token per running request.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from explorer import explore
+from explorer.goals import phase_matches
+from explorer.outputs import step_names, summary
+from explorer.replay import reproduce
+from explorer.scenario import ScenarioError, scenario_from_dict
+from mocker_spec.cli import main
+
+BASE = {
+    "name": "goals",
+    "engine": {"engine_type": "vllm", "worker_type": "decode", "block_size": 16, "num_gpu_blocks": 8},
+    "requests": [
+        {"id": "A", "role": "destination", "handoff": "hA", "prompt_len": 16, "max_output_tokens": 2},
+        {"id": "B", "role": "destination", "handoff": "hB", "prompt_len": 32, "max_output_tokens": 2},
+    ],
+    "adversarial": {"cancel": True},
+    "sometimes": [
+        {"name": "A reserved", "phases": {"A": "D_reserved"}},
+        {"name": "both finished", "phases": {"A": "D_absent", "B": "D_absent"}, "cooperative_only": True},
+        {"name": "both gone", "phases": {"A": "D_absent", "B": "D_absent"}},
+        {"name": "A active and drained", "phases": {"A": "D_active"}, "drained": True},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def goals_exp():
+    return explore(scenario_from_dict(BASE))
+
+
+def _result(exp, name):
+    (r,) = [r for r in exp.goals if r.goal.name == name]
+    return r
+
+
+def test_witnesses_are_shortest_and_replay(goals_exp):
+    exp = goals_exp
+    # one step: reserve(hA,A) accepts A into a reservation on a roomy pool
+    assert step_names(exp, _result(exp, "A reserved").witness) == ["reserve(hA,A)"]
+    # cooperatively, each destination needs reserve + activate (4 steps) and then two passes,
+    # one per output token (max_output_tokens 2); the 8-block pool holds both, so 6 steps
+    fin = _result(exp, "both finished").witness
+    assert fin.length == 6 and step_names(exp, fin).count("pass") == 2
+    assert all(exp.scenario.action(s).cooperative for s in step_names(exp, fin))
+    # by any action, reserve + cancel each: 4 steps, shorter than finishing
+    gone = step_names(exp, _result(exp, "both gone").witness)
+    assert len(gone) == 4 and sorted(gone)[:2] == ["cancel_destination(hA)", "cancel_destination(hB)"]
+    for name in ("A reserved", "both finished", "both gone"):
+        r = _result(exp, name)
+        rep = reproduce(exp.scenario, step_names(exp, r.witness), "sometimes", name)
+        assert r.reached is True and rep.reproduced, rep.message
+
+
+def test_a_wrong_witness_does_not_reproduce(goals_exp):
+    steps = step_names(goals_exp, _result(goals_exp, "both finished").witness)
+    # one pass short: both are still running with one token to go
+    assert not reproduce(goals_exp.scenario, steps[:-1], "sometimes", "both finished").reproduced
+    # the cancels reach "both gone" but not cooperatively
+    gone = step_names(goals_exp, _result(goals_exp, "both gone").witness)
+    rep = reproduce(scenario_from_dict({**BASE, "sometimes": [dict(BASE["sometimes"][2], cooperative_only=True)]}),
+                    gone, "sometimes", "both gone")
+    assert not rep.reproduced and "adversarial" in rep.message
+
+
+def test_a_goal_no_state_reaches_is_a_violation(goals_exp, tmp_path, capsys):
+    # an active destination holds blocks or a queue entry, so its core is never drained
+    r = _result(goals_exp, "A active and drained")
+    assert r.reached is False and r.witness is None
+    (v,) = [v for v in goals_exp.violations if v.kind == "unreachable_goal"]
+    assert v.name == "A active and drained" and v.length == 0
+    assert "no state reachable has A at D_active, a drained core" in v.message
+    assert reproduce(goals_exp.scenario, [], "unreachable_goal", "A active and drained").reproduced
+    assert not reproduce(goals_exp.scenario, [], "unreachable_goal", "A reserved").reproduced
+    path = tmp_path / "goals.json"
+    path.write_text(json.dumps(BASE))
+    out = tmp_path / "out"
+    assert main(["explore", str(path), "--no-progress", "--out", str(out), "--format", "itf"]) == 1
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "sometimes both finished: reached in 6 step(s): reserve(hA,A)," in printed
+    assert "sometimes A active and drained: never" in printed
+    s = json.loads((out / "summary.json").read_text())
+    assert [g["reached"] for g in s["sometimes"]] == [True, True, True, False]
+    assert {"sometimes-a_reserved.txt", "sometimes-both_finished.itf.json", "test_witness_goals_both_gone.py",
+            "unreachable_goal-a_active_and_drained.txt"} <= {p.name for p in out.iterdir()}
+
+
+def test_generated_witness_tests_pass(goals_exp, tmp_path):
+    """MC-46 for witnesses: the generated module replays its witness and passes."""
+    from explorer.outputs import pytest_source
+
+    w = _result(goals_exp, "both finished").witness
+    src = pytest_source(goals_exp, w)
+    assert "Witness replay" in src and "def test_goals_sometimes_both_finished_replays" in src
+    ns: dict = {}
+    exec(compile(src, "witness.py", "exec"), ns)
+    ns["test_goals_sometimes_both_finished_replays"]()
+
+
+def test_symmetry_keeps_concrete_goals():
+    """MC-34: with symmetry on, goals are evaluated on the unreduced graph, so a goal naming B (which
+    the reduction may fold onto A) gets the same answer and witness length as without symmetry."""
+    raw = copy.deepcopy(BASE)
+    raw["requests"][1]["prompt_len"] = 16  # A and B interchangeable
+    raw["sometimes"] = [{"name": "B running", "phases": {"B": "D_active(running)"}, "cooperative_only": True}]
+    plain = explore(scenario_from_dict(raw), symmetry=False)
+    sym = explore(scenario_from_dict(raw), symmetry=True)
+    assert sym.symmetry is not None and sym.num_states < plain.num_states
+    a, b = plain.goals[0], sym.goals[0]
+    # reserve(hB,B), activate(hB), pass: B is admitted and decodes its first token
+    assert a.reached and b.reached and a.witness.length == b.witness.length == 3
+    names = step_names(sym, b.witness)
+    assert reproduce(sym.scenario, names, "sometimes", "B running").reproduced
+
+
+def test_incomplete_exploration_leaves_a_goal_unknown():
+    raw = dict(BASE, sometimes=[{"name": "both finished", "phases": {"A": "D_absent", "B": "D_absent"},
+                                 "cooperative_only": True}])
+    exp = explore(scenario_from_dict(raw), max_states=5)
+    assert not exp.complete and exp.goals[0].reached is None
+    assert not [v for v in exp.violations if v.kind == "unreachable_goal"]
+    assert summary(exp)["sometimes"][0]["reached"] is None
+
+
+def test_phase_matching():
+    assert phase_matches("D_active", "D_active(running)")
+    assert phase_matches("D_pending", "D_pending(tried)")
+    assert phase_matches("waiting", "waiting(fresh)")
+    assert not phase_matches("D_active(waiting)", "D_active(waiting(fresh))")
+    assert not phase_matches("D_pending(tried)", "D_pending")
+    assert not phase_matches("S_held", "S_absent")
+
+
+@pytest.mark.parametrize("goal, field", [
+    ({"name": "g", "phases": {"Z": "D_absent"}}, "sometimes[0].phases names unknown request 'Z'"),
+    ({"name": "g", "phases": {"A": "done"}}, "sometimes[0].phases.A must be one of"),
+    ({"name": "g"}, "sometimes[0] needs a condition"),
+    ({"name": "", "drained": True}, "sometimes[0].name"),
+    ({"name": "g", "drained": "yes"}, "sometimes[0].drained must be true or false"),
+    ({"name": "g", "drained": True, "when": 1}, "sometimes[0]"),
+    ({"name": "g", "drained": True, "cooperative_only": 1}, "sometimes[0].cooperative_only"),
+])
+def test_bad_goals_are_refused_naming_the_field(goal, field, tmp_path, capsys):
+    raw = dict(BASE, sometimes=[goal])
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(raw)
+    assert field in str(err.value)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    assert main(["explore", str(path), "--no-progress"]) == 2
+    err_lines = capsys.readouterr().err.strip().splitlines()
+    assert len(err_lines) == 1 and field in err_lines[0]
+
+
+def test_duplicate_goal_names_are_refused():
+    raw = dict(BASE, sometimes=[{"name": "g", "drained": True}, {"name": "g", "drained": False}])
+    with pytest.raises(ScenarioError, match="sometimes\\[1\\]: duplicate goal name 'g'"):
+        scenario_from_dict(raw)
