@@ -1,4 +1,5 @@
-"""Reachability goals: "sometimes" properties with shortest witnesses (spec/model-checking.md MC-34).
+"""Goals: "sometimes" properties with shortest witnesses (spec/model-checking.md MC-34) and
+"eventually" properties under a fair cooperative driver (MC-35).
 
 A safety or liveness verdict of ``clean`` is only as good as the scenario: if the driver's
 actions were always rejected, every state would be the empty core and nothing could fail. A goal
@@ -132,6 +133,76 @@ def _nearest(succ, targets: set):
             return node, path
         layer = nxt
     return None, []
+
+
+def avoidable(graph) -> List[tuple]:
+    """MC-35: for each ``eventually`` goal of ``graph.scenario`` (a complete, unreduced
+    exploration): ``(goal, None)`` when every fair cooperative run reaches it, else ``(goal, (entry,
+    prefix, cycle, count))`` -- a lasso whose prefix (any actions) avoids the goal and whose cycle
+    lies in a bottom strongly connected component of the cooperative subgraph without a goal state.
+
+    Fairness: a run may start with any actions (the adversary's included) and then follows
+    cooperative actions, taking each one enabled infinitely often infinitely often; such a run ends
+    in a bottom component of the cooperative subgraph and visits all of it. So the goal can be
+    avoided forever exactly when such a component has no goal state and is reachable through
+    states that are not goal states. A goal that every request has finished gives MC-32's
+    starvation lassos on the known-defect scenarios; ``drained`` alone holds at the empty initial
+    state (starvation is "from every state, eventually drained", which MC-32 checks itself)."""
+    import networkx as nx
+
+    from .search import _bfs_dist, _shortest_cycle_through, _walk
+
+    sc = graph.scenario
+    edges = graph.edges
+    n = graph.num_states
+    coop_succ = {}
+    all_succ = {}
+    for idx, e in enumerate(edges):
+        if e.dst < 0:
+            continue
+        all_succ.setdefault(e.src, []).append((idx, e.dst))
+        if sc.actions[e.action].cooperative:
+            coop_succ.setdefault(e.src, []).append((idx, e.dst))
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    for src, lst in coop_succ.items():
+        for _e, d in lst:
+            g.add_edge(src, d)
+    bottoms = [comp for comp in nx.strongly_connected_components(g)
+               if all(d in comp for u in comp for _e, d in coop_succ.get(u, ()))]
+    out = []
+    for goal in sc.eventually:
+        good = [holds(goal, graph.views[x], graph.drained[x]) for x in range(n)]
+        if good[0]:
+            out.append((goal, None))
+            continue
+        avoid = {x for x in range(n) if not good[x]}
+        dist, via = _bfs_dist(0, all_succ, avoid)
+        best = None
+        count = 0
+        for comp in bottoms:
+            if any(good[x] for x in comp):
+                continue
+            reach = [x for x in comp if x in dist]
+            if not reach:
+                continue
+            count += 1
+            entry = min(reach, key=lambda x: (dist[x], x))
+            cyc = _shortest_cycle_through(entry, comp, coop_succ, edges, None) or []
+            cand = (dist[entry] + len(cyc), entry, cyc)
+            if best is None or cand[0] < best[0]:
+                best = cand
+        if best is None:
+            out.append((goal, None))
+        else:
+            _, entry, cyc = best
+            out.append((goal, (entry, _walk(via, 0, entry), cyc, count)))
+    return out
+
+
+def avoidable_message(goal: Goal) -> str:
+    return (f"a fair cooperative run can avoid {goal.describe()} forever: it ends in states that never "
+            "reach it")
 
 
 def unreachable_message(goal: Goal) -> str:

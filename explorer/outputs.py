@@ -41,6 +41,7 @@ def summary(exp: Exploration) -> Dict[str, Any]:
         "coverage": cov,
         "violations": [_violation_summary(exp, v) for v in exp.violations],
         "sometimes": [_goal_summary(exp, r) for r in exp.goals],
+        "eventually": [{"name": r.goal.name, "goal": r.goal.describe(), "holds": r.reached} for r in exp.eventually],
     }
 
 
@@ -279,6 +280,10 @@ def print_report(exp: Exploration, console) -> None:
         else:
             console.print(f"sometimes {r.goal.name}: not found in the {s['states']} states reached "
                           "(exploration incomplete)", highlight=False, markup=False)
+    for r in exp.eventually:
+        verdict = {True: "every fair cooperative run reaches it", False: "[red]avoidable[/] (see the avoidable_goal "
+                   "violation)", None: "unknown (exploration incomplete)"}[r.reached]
+        console.print(f"eventually {r.goal.name}: {verdict}", highlight=False)
     if not exp.violations:
         if exp.complete:
             console.print("[green]no violation[/]")

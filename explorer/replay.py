@@ -153,7 +153,11 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
             if node_key(new, f2) != k or o.progress:
                 return result(False, f"{spec.name} still changes the state ({o.label})")
         return result(True, "no cooperative action changes the final state")
-    if kind in ("livelock", "starvation"):
+    if kind == "avoidable_goal":
+        goal = next((g for g in scenario.eventually if g.name == name), None)
+        if goal is None:
+            return result(False, f"the scenario has no eventually goal {name!r}")
+    if kind in ("livelock", "starvation", "avoidable_goal"):
         if loop is None:
             return result(False, "a lasso needs a loop index")
         if not 0 <= loop < len(rep.cores) - 1:
@@ -168,9 +172,22 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
         if kind == "livelock":
             ok = all(o.zero_time for o in outs) and any(o.progress for o in outs)
             return result(ok, "zero-time loop reporting progress" if ok else "the loop takes time or reports nothing")
-        # starvation: no cooperative continuation from the loop ever drains the core
-        if C.is_drained(last):
-            return result(False, "the loop state is drained")
+        if kind == "starvation":
+            # no cooperative continuation from the loop ever drains the core
+            bad = lambda core, f: C.is_drained(core)  # noqa: E731
+            what = "drained"
+        else:
+            # no state of the trace reaches the goal, and no cooperative continuation of the loop does
+            from .search import _Viewer
+
+            viewer = _Viewer(scenario, {a.name: i for i, a in enumerate(scenario.actions) if a.once})
+            bad = lambda core, f: holds(goal, viewer.view(core, f), C.is_drained(core))  # noqa: E731
+            what = f"with {goal.describe()}"
+            for n, (core, f) in enumerate(zip(rep.cores, rep.fired)):
+                if bad(core, f):
+                    return result(False, f"state {n} of the trace already has {goal.describe()}")
+        if bad(last, fired):
+            return result(False, f"the loop state is {what}")
         seen = {node_key(last, fired)}
         q = deque([(last, fired)])
         while q:
@@ -182,11 +199,11 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
                 if new is None:
                     continue
                 f2 = f | (1 << i) if spec.once else f
-                if C.is_drained(new):
-                    return result(False, f"{spec.name} leads to a drained core")
+                if bad(new, f2):
+                    return result(False, f"{spec.name} leads to a state {what}")
                 k = node_key(new, f2)
                 if k not in seen:
                     seen.add(k)
                     q.append((new, f2))
-        return result(True, f"{len(seen)} cooperative continuation state(s), none drained")
+        return result(True, f"{len(seen)} cooperative continuation state(s), none {what}")
     return result(False, f"unknown violation kind {kind!r}")

@@ -80,6 +80,7 @@ VIOLATION_KINDS = (
     "livelock",
     "starvation",
     "unreachable_goal",
+    "avoidable_goal",
 )
 
 #: SCN-10: the phases a reachability goal may name, per role (MC-41; the views of explorer.properties)
@@ -178,6 +179,8 @@ class Scenario:
     path: Optional[str] = None
     #: SCN-10: reachability goals, in file order
     sometimes: Tuple[Goal, ...] = ()
+    #: SCN-11: goals every fair cooperative run reaches, in file order
+    eventually: Tuple[Goal, ...] = ()
     #: the decoded file, kept so counterexample tests can embed the scenario (MC-46)
     raw: Any = attrs.field(default=None, eq=False, repr=False)
 
@@ -259,7 +262,8 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
 # ---------------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"$schema", "name", "description", "engine", "requests", "adversarial", "actions", "checks",
-             "bounds", "now_ms", "symmetry", "expect", "sometimes"}
+             "bounds", "now_ms", "symmetry", "expect", "sometimes",
+             "eventually"}
 _REQ_KEYS = {"id", "role", "handoff", "tokens", "segments", "prompt_len", "max_output_tokens",
              "allow_destination_admission"}
 _ACTION_KEYS = {"name", "kind", "handoff", "request", "cooperative", "once", "guard",
@@ -485,7 +489,8 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     desc = obj.get("description", "")
     if not isinstance(desc, str):
         raise ScenarioError("scenario.description must be a string")
-    goals = _goals(obj.get("sometimes", []), requests)
+    goals = _goals(obj.get("sometimes", []), requests, "sometimes")
+    eventually = _goals(obj.get("eventually", []), requests, "eventually")
     return Scenario(
         name=name,
         description=desc,
@@ -502,20 +507,23 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         path=path,
         raw=json.loads(json.dumps(obj)),
         sometimes=goals,
+        eventually=eventually,
     )
 
 
-def _goals(raw: Any, requests: Sequence[RequestSpec]) -> Tuple[Goal, ...]:
-    """SCN-10: validate the ``sometimes`` list against the universe."""
+def _goals(raw: Any, requests: Sequence[RequestSpec], field: str) -> Tuple[Goal, ...]:
+    """SCN-10 / SCN-11: validate the ``sometimes`` or ``eventually`` list against the universe
+    (``cooperative_only`` belongs to ``sometimes``: an eventually goal is about cooperative runs)."""
     if not isinstance(raw, list):
-        raise ScenarioError("scenario.sometimes must be a list")
+        raise ScenarioError(f"scenario.{field} must be a list")
     index = {r.id: i for i, r in enumerate(requests)}
     out: List[Goal] = []
+    keys = {"name", "phases", "drained", "cooperative_only"} if field == "sometimes" else {"name", "phases", "drained"}
     for i, g in enumerate(raw):
-        where = f"sometimes[{i}]"
+        where = f"{field}[{i}]"
         if not isinstance(g, Mapping):
             raise ScenarioError(f"{where} must be an object")
-        _check_keys(g, {"name", "phases", "drained", "cooperative_only"}, where)
+        _check_keys(g, keys, where)
         name = g.get("name")
         if not isinstance(name, str) or not name:
             raise ScenarioError(f"{where}.name must be a non-empty string")

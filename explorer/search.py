@@ -26,7 +26,7 @@ from model import core as C
 from . import properties as P
 from .actions import Outcome, fire, guard_holds
 from .canon import Symmetry, canonical_key, fresh_key, is_vllm, node_key, symmetry_for
-from .goals import GoalResult, evaluate, unreachable_message
+from .goals import GoalResult, avoidable, avoidable_message, evaluate, unreachable_message
 from .scenario import Scenario
 
 
@@ -118,6 +118,8 @@ class Exploration:
     liveness_graph: Optional["Exploration"] = attrs.field(default=None, eq=False, repr=False)
     #: MC-34: one result per reachability goal of the scenario (SCN-10), in file order
     goals: List[object] = attrs.Factory(list)
+    #: MC-35: one result per eventually goal (SCN-11); ``reached`` there means "every fair run reaches it"
+    eventually: List[object] = attrs.Factory(list)
 
     @property
     def num_states(self) -> int:
@@ -250,7 +252,7 @@ def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> 
         _reach(exp, exp)
         return exp
     reduced = _run(scenario, sym, max_states, max_depth, progress, stop, safety=True, liveness=False)
-    if (liveness or scenario.sometimes) and reduced.truncated_by != "stop":
+    if (liveness or scenario.sometimes or scenario.eventually) and reduced.truncated_by != "stop":
         full = _run(scenario, None, max_states, max_depth, progress, None, safety=False, liveness=liveness)
         for v in full.violations:
             reduced.violations.append(_transplant(v, full, reduced))
@@ -261,19 +263,34 @@ def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> 
         _reach(reduced, full)
     else:
         reduced.goals = [GoalResult(g, None) for g in scenario.sometimes]
+        reduced.eventually = [GoalResult(g, None) for g in scenario.eventually]
     return reduced
 
 
 def _reach(exp: Exploration, graph: Exploration) -> None:
-    """MC-34: the scenario's reachability goals, on the unreduced ``graph``; a goal a complete
-    exploration never reaches is an ``unreachable_goal`` violation (0 steps, at the initial state)."""
-    if not exp.scenario.sometimes:
-        return
-    exp.goals = evaluate(graph, own=graph is exp)
-    for r in exp.goals:
-        if r.reached is False:
-            exp.violations.append(Violation("unreachable_goal", r.goal.name, unreachable_message(r.goal), 0, [],
-                                            graph=None if graph is exp else graph))
+    """MC-34 / MC-35: the scenario's goals, on the unreduced ``graph``. A reachability goal a
+    complete exploration never reaches is an ``unreachable_goal`` violation (0 steps, at the initial
+    state); an eventually goal a fair cooperative run can avoid is an ``avoidable_goal`` violation
+    with a lasso. On an incomplete graph an eventually goal stays unknown."""
+    sc = exp.scenario
+    own = graph is exp
+    if sc.sometimes:
+        exp.goals = evaluate(graph, own=own)
+        for r in exp.goals:
+            if r.reached is False:
+                exp.violations.append(Violation("unreachable_goal", r.goal.name, unreachable_message(r.goal), 0,
+                                                [], graph=None if own else graph))
+    if sc.eventually:
+        if not graph.complete:
+            exp.eventually = [GoalResult(g, None) for g in sc.eventually]
+            return
+        exp.eventually = []
+        for goal, lasso in avoidable(graph):
+            exp.eventually.append(GoalResult(goal, lasso is None))
+            if lasso is not None:
+                entry, prefix, cycle, count = lasso
+                exp.violations.append(Violation("avoidable_goal", goal.name, avoidable_message(goal), entry, prefix,
+                                                cycle=cycle, occurrences=count, graph=None if own else graph))
 
 
 def _transplant(v: Violation, src: Exploration, dst: Exploration) -> Violation:

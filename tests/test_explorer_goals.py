@@ -168,3 +168,58 @@ def test_duplicate_goal_names_are_refused():
     raw = dict(BASE, sometimes=[{"name": "g", "drained": True}, {"name": "g", "drained": False}])
     with pytest.raises(ScenarioError, match="sometimes\\[1\\]: duplicate goal name 'g'"):
         scenario_from_dict(raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# eventually goals (MC-35, SCN-11)
+# ---------------------------------------------------------------------------------------------
+
+LIB = __import__("pathlib").Path(__file__).resolve().parent.parent / "spec" / "scenarios"
+FINISHED = {"destination": "D_absent", "source": "S_absent", "plain": "done"}
+
+
+@pytest.mark.parametrize("defect", ["s13-vllm-slot-gate-starvation", "s9-sglang-no-headroom-starvation"])
+def test_eventually_all_finish_agrees_with_starvation(defect):
+    """MC-35 against MC-32: on the known starvations, "every request eventually finishes" is
+    avoidable with the very lasso the starvation check reports, and the lasso reproduces."""
+    raw = json.loads((LIB / "known-defects" / f"{defect}.json").read_text())
+    raw["eventually"] = [{"name": "all finish",
+                          "phases": {r["id"]: FINISHED[r.get("role", "plain")] for r in raw["requests"]}}]
+    exp = explore(scenario_from_dict(raw))
+    starv = exp.violation("starvation")
+    (avoid,) = [v for v in exp.violations if v.kind == "avoidable_goal"]
+    assert exp.eventually[0].reached is False
+    assert step_names(exp, avoid) == step_names(exp, starv) and avoid.loop_index == starv.loop_index
+    assert reproduce(exp.scenario, step_names(exp, avoid), "avoidable_goal", "all finish", avoid.loop_index).reproduced
+    # the same lasso does not show that a goal its loop state already has is avoidable
+    raw["eventually"].append({"name": "B issued", "phases": {raw["requests"][1]["id"]: "D_reserved"}})
+    sc = scenario_from_dict(raw)
+    rep = reproduce(sc, step_names(exp, avoid), "avoidable_goal", "B issued", avoid.loop_index)
+    assert not rep.reproduced and "already has" in rep.message
+
+
+def test_eventually_on_the_library_and_its_edges():
+    # roomy pool, no adversary: every fair run finishes both (the clean library's own goal)
+    roomy = explore(scenario_from_dict(json.loads((LIB / "clean" / "vllm-decode-two-handoffs-roomy.json").read_text())))
+    assert [r.reached for r in roomy.eventually] == [True] and roomy.clean
+    # a goal true at the empty core holds trivially
+    raw = dict(BASE, sometimes=[], eventually=[{"name": "drained", "drained": True}])
+    assert explore(scenario_from_dict(raw)).eventually[0].reached is True
+    # with cancels, A can be cancelled before it ever runs; once reserve(hA,A) has fired the driver
+    # never issues it again, so A never becomes active: avoidable, through the adversary's cancel
+    raw = dict(BASE, sometimes=[], eventually=[{"name": "A ran", "phases": {"A": "D_active"}}])
+    exp = explore(scenario_from_dict(raw))
+    (v,) = [v for v in exp.violations if v.kind == "avoidable_goal"]
+    steps = step_names(exp, v)
+    assert "cancel_destination(hA)" in steps[:v.loop_index] and "activate(hA)" not in steps
+    assert reproduce(exp.scenario, steps, "avoidable_goal", "A ran", v.loop_index).reproduced
+    # an incomplete exploration leaves it unknown and reports nothing
+    part = explore(scenario_from_dict(raw), max_states=4)
+    assert part.eventually[0].reached is None and not [v for v in part.violations if v.kind == "avoidable_goal"]
+    assert summary(part)["eventually"][0]["holds"] is None
+
+
+def test_eventually_refuses_cooperative_only():
+    raw = dict(BASE, eventually=[{"name": "g", "drained": True, "cooperative_only": True}])
+    with pytest.raises(ScenarioError, match=r"eventually\[0\]: unknown field\(s\) \['cooperative_only'\]"):
+        scenario_from_dict(raw)
