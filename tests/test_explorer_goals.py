@@ -223,3 +223,55 @@ def test_eventually_refuses_cooperative_only():
     raw = dict(BASE, eventually=[{"name": "g", "drained": True, "cooperative_only": True}])
     with pytest.raises(ScenarioError, match=r"eventually\[0\]: unknown field\(s\) \['cooperative_only'\]"):
         scenario_from_dict(raw)
+
+
+def _campaign():
+    import importlib.util
+
+    root = LIB.parent.parent
+    spec = importlib.util.spec_from_file_location("scenario_campaign", root / "scripts" / "scenario_campaign.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(index=st.integers(0, 100_000))
+def test_goals_on_random_scenarios_replay_independently(index):
+    """MC-34 / MC-35 on random small scenarios: every witness replays without the graph
+    (MC-46), an any-path witness is as short as the shallowest node with the goal (BFS depth,
+    computed by the search, not by the goal code), a cooperative one is never shorter, and every
+    avoidable_goal lasso replays."""
+    raw = _campaign().random_scenario(7, index, 3000)
+    fin = {r["id"]: FINISHED[r.get("role", "plain")] for r in raw["requests"]}
+    raw["sometimes"] = ([{"name": f"{rid} finishes", "phases": {rid: ph}} for rid, ph in fin.items()]
+                        + [{"name": f"{rid} finishes cooperatively", "phases": {rid: ph}, "cooperative_only": True}
+                           for rid, ph in fin.items()])
+    raw["eventually"] = [{"name": "all finish", "phases": fin}]
+    exp = explore(scenario_from_dict(raw))
+    if not exp.complete:
+        assert all(r.reached in (True, None) for r in exp.goals)
+        return
+    from explorer.goals import holds
+
+    by_name = {r.goal.name: r for r in exp.goals}
+    for r in exp.goals:
+        sat = [n for n in range(exp.num_states) if holds(r.goal, exp.views[n], exp.drained[n])]
+        assert r.reached is bool(sat)
+        if not r.reached:
+            continue
+        names = step_names(exp, r.witness)
+        rep = reproduce(exp.scenario, names, "sometimes", r.goal.name)
+        assert rep.reproduced, rep.message
+        if not r.goal.cooperative_only:
+            assert r.witness.length == min(exp.depth[n] for n in sat)
+        else:
+            assert r.witness.length >= by_name[r.goal.name.replace(" cooperatively", "")].witness.length
+    for v in exp.violations:
+        if v.kind == "avoidable_goal":
+            rep = reproduce(exp.scenario, step_names(exp, v), "avoidable_goal", v.name, v.loop_index)
+            assert rep.reproduced, rep.message
