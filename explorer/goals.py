@@ -1,5 +1,5 @@
-"""Goals: "sometimes" properties with shortest witnesses (spec/model-checking.md MC-34) and
-"eventually" properties under a fair cooperative driver (MC-35).
+"""Goals: "sometimes" properties with shortest witnesses (spec/model-checking.md MC-34),
+"eventually" properties under a fair cooperative driver (MC-35) and "never" properties (MC-36).
 
 A safety or liveness verdict of ``clean`` is only as good as the scenario: if the driver's
 actions were always rejected, every state would be the empty core and nothing could fail. A goal
@@ -74,8 +74,9 @@ class GoalResult:
     witness: Optional[Witness] = None
 
 
-def evaluate(graph, own: bool = True) -> List[GoalResult]:
-    """MC-34: every goal of ``graph.scenario`` on ``graph`` (an unreduced exploration). Without
+def evaluate(graph, own: bool = True, goals=None) -> List[GoalResult]:
+    """MC-34: every goal of ``graph.scenario`` (or ``goals``) on ``graph`` (an unreduced
+    exploration). Without
     ``cooperative_only`` the witness is the parent-pointer path of the first satisfying node (BFS
     numbers nodes in order of depth, so it is a shortest one); with it, a breadth-first search
     over the cooperative transitions alone. ``own`` is False when ``graph`` is not the exploration
@@ -83,7 +84,7 @@ def evaluate(graph, own: bool = True) -> List[GoalResult]:
     sc = graph.scenario
     results: List[GoalResult] = []
     coop_succ = None
-    for goal in sc.sometimes:
+    for goal in sc.sometimes if goals is None else goals:
         sat = [n for n in range(graph.num_states) if holds(goal, graph.views[n], graph.drained[n])]
         node = None
         path: List[int] = []
@@ -203,6 +204,10 @@ def avoidable(graph) -> List[tuple]:
 def avoidable_message(goal: Goal) -> str:
     return (f"a fair cooperative run can avoid {goal.describe()} forever: it ends in states that never "
             "reach it")
+
+
+def forbidden_message(goal: Goal) -> str:
+    return f"a reachable state has {goal.describe()}"
 
 
 def unreachable_message(goal: Goal) -> str:

@@ -92,8 +92,9 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
     def result(ok, msg):
         return Reproduction(ok, msg, rep)
 
-    if kind in ("sometimes", "unreachable_goal"):
-        goal = next((g for g in scenario.sometimes if g.name == name), None)
+    if kind in ("sometimes", "unreachable_goal", "forbidden_state"):
+        goal = next((g for g in (scenario.never if kind == "forbidden_state" else scenario.sometimes)
+                     if g.name == name), None)
         if goal is None:
             return result(False, f"the scenario has no goal {name!r}")
         if kind == "unreachable_goal":

@@ -81,6 +81,7 @@ VIOLATION_KINDS = (
     "starvation",
     "unreachable_goal",
     "avoidable_goal",
+    "forbidden_state",
 )
 
 #: SCN-10: the phases a reachability goal may name, per role (MC-41; the views of explorer.properties)
@@ -181,6 +182,8 @@ class Scenario:
     sometimes: Tuple[Goal, ...] = ()
     #: SCN-11: goals every fair cooperative run reaches, in file order
     eventually: Tuple[Goal, ...] = ()
+    #: SCN-12: states no path may reach, in file order
+    never: Tuple[Goal, ...] = ()
     #: the decoded file, kept so counterexample tests can embed the scenario (MC-46)
     raw: Any = attrs.field(default=None, eq=False, repr=False)
 
@@ -263,7 +266,7 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
 
 _TOP_KEYS = {"$schema", "name", "description", "engine", "requests", "adversarial", "actions", "checks",
              "bounds", "now_ms", "symmetry", "expect", "sometimes",
-             "eventually"}
+             "eventually", "never"}
 _REQ_KEYS = {"id", "role", "handoff", "tokens", "segments", "prompt_len", "max_output_tokens",
              "allow_destination_admission"}
 _ACTION_KEYS = {"name", "kind", "handoff", "request", "cooperative", "once", "guard",
@@ -491,6 +494,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         raise ScenarioError("scenario.description must be a string")
     goals = _goals(obj.get("sometimes", []), requests, "sometimes")
     eventually = _goals(obj.get("eventually", []), requests, "eventually")
+    never = _goals(obj.get("never", []), requests, "never")
     return Scenario(
         name=name,
         description=desc,
@@ -508,12 +512,14 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         raw=json.loads(json.dumps(obj)),
         sometimes=goals,
         eventually=eventually,
+        never=never,
     )
 
 
 def _goals(raw: Any, requests: Sequence[RequestSpec], field: str) -> Tuple[Goal, ...]:
-    """SCN-10 / SCN-11: validate the ``sometimes`` or ``eventually`` list against the universe
-    (``cooperative_only`` belongs to ``sometimes``: an eventually goal is about cooperative runs)."""
+    """SCN-10..SCN-12: validate the ``sometimes``, ``eventually`` or ``never`` list against the
+    universe (``cooperative_only`` belongs to ``sometimes``: an eventually goal is about cooperative
+    runs, and a forbidden state is forbidden whoever reaches it)."""
     if not isinstance(raw, list):
         raise ScenarioError(f"scenario.{field} must be a list")
     index = {r.id: i for i, r in enumerate(requests)}

@@ -26,7 +26,7 @@ from model import core as C
 from . import properties as P
 from .actions import Outcome, fire, guard_holds
 from .canon import Symmetry, canonical_key, fresh_key, is_vllm, node_key, symmetry_for
-from .goals import GoalResult, avoidable, avoidable_message, evaluate, unreachable_message
+from .goals import GoalResult, avoidable, avoidable_message, evaluate, forbidden_message, unreachable_message
 from .scenario import Scenario
 
 
@@ -252,7 +252,7 @@ def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> 
         _reach(exp, exp)
         return exp
     reduced = _run(scenario, sym, max_states, max_depth, progress, stop, safety=True, liveness=False)
-    if (liveness or scenario.sometimes or scenario.eventually) and reduced.truncated_by != "stop":
+    if (liveness or scenario.sometimes or scenario.eventually or scenario.never) and reduced.truncated_by != "stop":
         full = _run(scenario, None, max_states, max_depth, progress, None, safety=False, liveness=liveness)
         for v in full.violations:
             reduced.violations.append(_transplant(v, full, reduced))
@@ -268,10 +268,11 @@ def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> 
 
 
 def _reach(exp: Exploration, graph: Exploration) -> None:
-    """MC-34 / MC-35: the scenario's goals, on the unreduced ``graph``. A reachability goal a
+    """MC-34..MC-36: the scenario's goals, on the unreduced ``graph``. A reachability goal a
     complete exploration never reaches is an ``unreachable_goal`` violation (0 steps, at the initial
     state); an eventually goal a fair cooperative run can avoid is an ``avoidable_goal`` violation
-    with a lasso. On an incomplete graph an eventually goal stays unknown."""
+    with a lasso; a forbidden state reached is a ``forbidden_state`` violation with a shortest path.
+    On an incomplete graph an eventually goal stays unknown."""
     sc = exp.scenario
     own = graph is exp
     if sc.sometimes:
@@ -280,6 +281,13 @@ def _reach(exp: Exploration, graph: Exploration) -> None:
             if r.reached is False:
                 exp.violations.append(Violation("unreachable_goal", r.goal.name, unreachable_message(r.goal), 0,
                                                 [], graph=None if own else graph))
+    if sc.never:
+        # MC-36: a forbidden state found is a violation even in an incomplete exploration
+        for r in evaluate(graph, own=own, goals=sc.never):
+            if r.reached:
+                w = r.witness
+                exp.violations.append(Violation("forbidden_state", r.goal.name, forbidden_message(r.goal), w.node,
+                                                w.prefix, graph=None if own else graph))
     if sc.eventually:
         if not graph.complete:
             exp.eventually = [GoalResult(g, None) for g in sc.eventually]

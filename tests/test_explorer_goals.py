@@ -275,3 +275,29 @@ def test_goals_on_random_scenarios_replay_independently(index):
         if v.kind == "avoidable_goal":
             rep = reproduce(exp.scenario, step_names(exp, v), "avoidable_goal", v.name, v.loop_index)
             assert rep.reproduced, rep.message
+
+
+def test_never_goals_report_the_shortest_path_to_a_forbidden_state(tmp_path, capsys):
+    """MC-36 / SCN-12: a forbidden state reached is a violation with a shortest path that
+    reproduces; one no path reaches is silent; one found in an incomplete exploration still counts."""
+    raw = dict(BASE, sometimes=[], never=[
+        # reserve(hA,A), activate(hA), reserve(hB,B), activate(hB), pass: both admitted together
+        {"name": "both running", "phases": {"A": "D_active(running)", "B": "D_active(running)"}},
+        # a pending destination needs a pool too small for its reservation; 8 blocks hold both
+        {"name": "A pending", "phases": {"A": "D_pending"}},
+    ])
+    exp = explore(scenario_from_dict(raw))
+    (v,) = [v for v in exp.violations if v.kind == "forbidden_state"]
+    assert v.name == "both running" and v.length == 5
+    assert "a reachable state has A at D_active(running), B at D_active(running)" == v.message
+    assert reproduce(exp.scenario, step_names(exp, v), "forbidden_state", "both running").reproduced
+    assert not reproduce(exp.scenario, step_names(exp, v)[:-1], "forbidden_state", "both running").reproduced
+    part = explore(scenario_from_dict(raw), max_states=40)
+    assert not part.complete and [v.name for v in part.violations if v.kind == "forbidden_state"] == ["both running"]
+    with pytest.raises(ScenarioError, match=r"never\[0\]: unknown field\(s\) \['cooperative_only'\]"):
+        scenario_from_dict(dict(BASE, never=[{"name": "g", "drained": True, "cooperative_only": False}]))
+    path = tmp_path / "never.json"
+    path.write_text(json.dumps(raw))
+    assert main(["explore", str(path), "--no-progress", "--out", str(tmp_path / "o")]) == 1
+    assert (tmp_path / "o" / "forbidden_state-both_running.txt").exists()
+    capsys.readouterr()
