@@ -59,6 +59,9 @@ KIND_RULE = {
     "deadlock": "MC-30",
     "livelock": "MC-31",
     "starvation": "MC-32",
+    "unreachable_goal": "MC-34",
+    "avoidable_goal": "MC-35",
+    "forbidden_state": "MC-36",
 }
 LIVENESS = ("deadlock", "livelock", "starvation")
 
@@ -647,7 +650,9 @@ def gen_lifecycle(exps: _Explorations, only: Optional[str] = None) -> Dict[str, 
             "projected self-loops are left out. Handoffs with the same diagram share one. Phases:",
             "`S_*` source side, `D_*` destination side, `D_pending(tried)` a pending destination already",
             "probed at the current capacity generation, `D_active(<status>)` the activated request's",
-            "scheduler status; for a plain request, its status. See [../handoff-lifecycle.md](../handoff-lifecycle.md).\n"]
+            "scheduler status; for a plain request, its status. See [../handoff-lifecycle.md](../handoff-lifecycle.md).",
+            "Where a scenario lists reachability goals (MC-34), each is followed by its shortest run, step by",
+            "step, with the state after each step.\n"]
     for rel in LIFECYCLE_SCENARIOS:
         name = rel.split("/", 1)[1]
         if only is not None and only != name:
@@ -669,6 +674,13 @@ def gen_lifecycle(exps: _Explorations, only: Optional[str] = None) -> Dict[str, 
             page.append(f"{label} ([Mermaid]({stem}.mmd), [DOT]({stem}.dot), [SVG]({stem}.svg) when graphviz "
                         f"was installed at generation)\n")
             page.append("```mermaid\n" + mmd + "```\n")
+        for r in exp.goals:  # MC-34: the scenario's goals, each with its shortest witness
+            if r.witness is None:
+                continue
+            how = "cooperative actions only" if r.goal.cooperative_only else "any actions"
+            page.append(f"### {name}: shortest run to \"{r.goal.name}\"\n")
+            page.append(f"Goal (MC-34, {how}): {r.goal.describe()}; {r.witness.length} steps.\n")
+            page.append(_steps_table(exp, r.witness))
     if only is None:
         files["lifecycle.md"] = "\n".join(page)
     return files
@@ -694,6 +706,27 @@ def _view_cells(view) -> Tuple[str, str, str, str]:
     phases, waiting, running, free = view
     return (", ".join(waiting) or "-", ", ".join(running) or "-", "-" if free is None else str(free),
             ", ".join(f"{h}={p}" for h, p in phases))
+
+
+def _steps_table(exp, v) -> str:
+    """A counterexample or witness as a table: one row per step with the view after it (MC-40),
+    identical consecutive steps that leave the view unchanged folded into one row."""
+    steps, init_view = _path_views(exp, v)
+    rows = [("0", "(initial)", "", *_view_cells(init_view))]
+    i = 0
+    while i < len(steps):
+        j = i
+        while (j + 1 < len(steps) and steps[j + 1][1:] == steps[i][1:] and steps[j + 1][4] == steps[i][4]
+               and (v.loop_index is None or not (i < v.loop_index <= j + 1))):
+            j += 1
+        n, name, adv, outcome, view = steps[i]
+        label = f"`{name}`" + (" [adv]" if adv else "")
+        num = str(n) if i == j else f"{n}–{steps[j][0]} ({j - i + 1}×)"
+        if v.loop_index is not None and i == v.loop_index:
+            num = "↻ " + num
+        rows.append((num, label, outcome, *_view_cells(view)))
+        i = j + 1
+    return _table(("step", "action", "outcome", "waiting", "running", "free", "phases"), rows)
 
 
 def gen_counterexamples(exps: _Explorations) -> Dict[str, str]:
@@ -739,22 +772,7 @@ def gen_counterexamples(exps: _Explorations) -> Dict[str, str]:
         s.append(f"**{kind}** ({rule}), {v.length} steps"
                  + (f", a lasso whose loop starts after step {v.loop_index}" if v.loop_index is not None else "")
                  + f": {v.message}\n")
-        steps, init_view = _path_views(exp, v)
-        rows = [("0", "(initial)", "", *_view_cells(init_view))]
-        i = 0
-        while i < len(steps):
-            j = i
-            while (j + 1 < len(steps) and steps[j + 1][1:] == steps[i][1:] and steps[j + 1][4] == steps[i][4]
-                   and (v.loop_index is None or not (i < v.loop_index <= j + 1))):
-                j += 1
-            n, name, adv, outcome, view = steps[i]
-            label = f"`{name}`" + (" [adv]" if adv else "")
-            num = str(n) if i == j else f"{n}–{steps[j][0]} ({j - i + 1}×)"
-            if v.loop_index is not None and i == v.loop_index:
-                num = "↻ " + num
-            rows.append((num, label, outcome, *_view_cells(view)))
-            i = j + 1
-        s.append(_table(("step", "action", "outcome", "waiting", "running", "free", "phases"), rows))
+        s.append(_steps_table(exp, v))
         if v.loop_index is not None:
             s.append(f"↻ marks the first step of the loop; after the last step the state equals the state "
                      f"after step {v.loop_index}.\n")
