@@ -274,6 +274,16 @@ def _reach(exp: Exploration, graph: Exploration) -> None:
     with a lasso; a forbidden state reached is a ``forbidden_state`` violation with a shortest path.
     On an incomplete graph an eventually goal stays unknown."""
     sc = exp.scenario
+    if not (sc.sometimes or sc.never or sc.eventually):
+        return
+    t0 = time.perf_counter()
+    try:
+        _check_goals(exp, graph, sc)
+    finally:  # the goals are checks like the others: their time counts in the run's rate
+        exp.elapsed_s += time.perf_counter() - t0
+
+
+def _check_goals(exp: Exploration, graph: Exploration, sc: Scenario) -> None:
     own = graph is exp
     if sc.sometimes:
         exp.goals = evaluate(graph, own=own)
