@@ -281,6 +281,28 @@ def _check_keys(obj: Mapping[str, Any], allowed, where: str) -> None:
         raise ScenarioError(f"{where}: unknown field(s) {unknown}")
 
 
+def _objects(raw: List[Any], field: str, allowed):
+    """SCN-1: each item of the list ``raw`` (the scenario's ``field``) with its location, after
+    checking that it is an object with known keys only."""
+    for i, item in enumerate(raw):
+        where = f"{field}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ScenarioError(f"{where} must be an object")
+        _check_keys(item, allowed, where)
+        yield where, item
+
+
+def _new_name(obj: Mapping[str, Any], key: str, where: str, seen: set, what: str) -> str:
+    """SCN-1: ``obj[key]``, a non-empty string not in ``seen`` (which it joins)."""
+    value = obj.get(key)
+    if not isinstance(value, str) or not value:
+        raise ScenarioError(f"{where}.{key} must be a non-empty string")
+    if value in seen:
+        raise ScenarioError(f"{where}: duplicate {what} {value!r}")
+    seen.add(value)
+    return value
+
+
 def _bool(obj, key, default, where):
     v = obj.get(key, default)
     if not isinstance(v, bool):
@@ -310,19 +332,10 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     if not isinstance(raw_reqs, list):
         raise ScenarioError("scenario.requests must be a list")
     requests: List[RequestSpec] = []
-    seen_ids = set()
+    seen_ids: set = set()
     seen_handoffs = set()
-    for i, r in enumerate(raw_reqs):
-        where = f"requests[{i}]"
-        if not isinstance(r, Mapping):
-            raise ScenarioError(f"{where} must be an object")
-        _check_keys(r, _REQ_KEYS, where)
-        rid = r.get("id")
-        if not isinstance(rid, str) or not rid:
-            raise ScenarioError(f"{where}.id must be a non-empty string")
-        if rid in seen_ids:
-            raise ScenarioError(f"{where}: duplicate request id {rid!r}")
-        seen_ids.add(rid)
+    for i, (where, r) in enumerate(_objects(raw_reqs, "requests", _REQ_KEYS)):
+        rid = _new_name(r, "id", where, seen_ids, "request id")
         role = r.get("role", "plain")
         if role not in ROLES:
             raise ScenarioError(f"{where}.role must be one of {ROLES}")
@@ -524,17 +537,10 @@ def _goals(raw: Any, requests: Sequence[RequestSpec], field: str) -> Tuple[Goal,
         raise ScenarioError(f"scenario.{field} must be a list")
     index = {r.id: i for i, r in enumerate(requests)}
     out: List[Goal] = []
+    names: set = set()
     keys = {"name", "phases", "drained", "cooperative_only"} if field == "sometimes" else {"name", "phases", "drained"}
-    for i, g in enumerate(raw):
-        where = f"{field}[{i}]"
-        if not isinstance(g, Mapping):
-            raise ScenarioError(f"{where} must be an object")
-        _check_keys(g, keys, where)
-        name = g.get("name")
-        if not isinstance(name, str) or not name:
-            raise ScenarioError(f"{where}.name must be a non-empty string")
-        if any(x.name == name for x in out):
-            raise ScenarioError(f"{where}: duplicate goal name {name!r}")
+    for where, g in _objects(raw, field, keys):
+        name = _new_name(g, "name", where, names, "goal name")
         phases = g.get("phases", {})
         if not isinstance(phases, Mapping):
             raise ScenarioError(f"{where}.phases must be an object mapping request ids to phases")
