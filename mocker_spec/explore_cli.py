@@ -61,7 +61,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-states", type=int, help="stop after this many distinct states (default: the scenario's bound)")
     p.add_argument("--symmetry", action=argparse.BooleanOptionalAction, default=None,
                    help="reduce interchangeable request ids (safety checks only; default: the scenario's setting)")
-    p.add_argument("--out", help="write counterexamples, exports and the summary into this directory")
+    p.add_argument("--out", help="write counterexamples, goal witnesses, exports and the summary into this directory")
     p.add_argument("--format", default=",".join(FORMATS),
                    help=f"comma-separated export formats ({', '.join(FORMATS)}); default all")
     p.add_argument("--no-progress", action="store_true", help="never show the progress bar")
