@@ -258,8 +258,10 @@ def print_report(exp: Exploration, console) -> None:
         + (f", ~{s['bytes_per_state']} B/state" if s["bytes_per_state"] is not None else "")),
         highlight=False, soft_wrap=True)
     if exp.symmetry is not None:
-        console.print(f"symmetry: classes {s['symmetry']['classes']} (safety checks on the reduced graph; "
-                      f"liveness on the unreduced graph of {exp.liveness_states} states)", highlight=False)
+        full = exp.liveness_graph  # the unreduced run, when liveness or goals needed one (MC-25, MC-34)
+        tail = "" if full is None else f"; liveness and goals on the unreduced graph of {full.num_states} states"
+        console.print(f"symmetry: classes {s['symmetry']['classes']} (safety checks on the reduced graph{tail})",
+                      highlight=False)
     if not exp.liveness_checked:
         console.print("liveness (deadlock, livelock, starvation): not checked (exploration incomplete or disabled)")
     t = Table(title="action coverage")

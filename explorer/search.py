@@ -257,7 +257,8 @@ def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> 
         for v in full.violations:
             reduced.violations.append(_transplant(v, full, reduced))
         reduced.liveness_checked = full.liveness_checked
-        reduced.liveness_states = full.num_states
+        if liveness:  # otherwise the unreduced run served the goals only
+            reduced.liveness_states = full.num_states
         reduced.elapsed_s += full.elapsed_s
         reduced.liveness_graph = full
         _reach(reduced, full)
