@@ -324,3 +324,22 @@ def test_never_goals_report_the_shortest_path_to_a_forbidden_state(tmp_path, cap
     assert main(["explore", str(path), "--no-progress", "--out", str(tmp_path / "o")]) == 1
     assert (tmp_path / "o" / "forbidden_state-both_running.txt").exists()
     capsys.readouterr()
+
+
+def test_symmetry_report_names_the_unreduced_run_only_when_there_is_one(tmp_path, capsys):
+    """MC-25 / MC-34 in the report: with liveness off and no goals, no unreduced run happens and
+    the symmetry line says nothing of one; with a goal, it names the run the goal was judged on."""
+    raw = copy.deepcopy(BASE)
+    raw["requests"][1]["prompt_len"] = 16
+    raw.update(sometimes=[], symmetry=True, checks={"deadlock": False, "livelock": False, "starvation": False})
+    path = tmp_path / "sym.json"
+    path.write_text(json.dumps(raw))
+    assert main(["explore", str(path), "--no-progress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(safety checks on the reduced graph)" in out and "None" not in out
+    raw["sometimes"] = [{"name": "B runs", "phases": {"B": "D_active(running)"}}]
+    path.write_text(json.dumps(raw))
+    assert main(["explore", str(path), "--no-progress"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    full = explore(scenario_from_dict(raw), symmetry=False).num_states
+    assert f"liveness and goals on the unreduced graph of {full} states" in out
