@@ -76,10 +76,9 @@ class GoalResult:
 
 def evaluate(graph, own: bool = True, goals=None) -> List[GoalResult]:
     """MC-34: every goal of ``graph.scenario`` (or ``goals``) on ``graph`` (an unreduced
-    exploration). Without
-    ``cooperative_only`` the witness is the parent-pointer path of the first satisfying node (BFS
-    numbers nodes in order of depth, so it is a shortest one); with it, a breadth-first search
-    over the cooperative transitions alone. ``own`` is False when ``graph`` is not the exploration
+    exploration). Without ``cooperative_only`` the witness is the parent-pointer path of the first
+    satisfying node (BFS numbers nodes in order of depth, so it is a shortest one); with it, a
+    breadth-first search over the cooperative transitions alone. ``own`` is False when ``graph`` is not the exploration
     the results are reported with (symmetry runs), so witnesses carry their graph."""
     sc = graph.scenario
     results: List[GoalResult] = []

@@ -245,6 +245,7 @@ def write_outputs(exp: Exploration, out_dir, formats) -> List[str]:
 
 def print_report(exp: Exploration, console) -> None:
     """MC-40: the summary table, the coverage table and each violation's readable counterexample."""
+    from rich.markup import escape
     from rich.table import Table
 
     s = summary(exp)
@@ -277,7 +278,7 @@ def print_report(exp: Exploration, console) -> None:
                           + (", ".join(step_names(exp, r.witness)) or "the initial state"),
                           highlight=False, soft_wrap=True, markup=False)
         elif r.reached is False:
-            console.print(f"sometimes {r.goal.name}: [red]never[/] (see the unreachable_goal violation)",
+            console.print(f"sometimes {escape(r.goal.name)}: [red]never[/] (see the unreachable_goal violation)",
                           highlight=False)
         else:
             console.print(f"sometimes {r.goal.name}: not found in the {s['states']} states reached "
@@ -285,7 +286,7 @@ def print_report(exp: Exploration, console) -> None:
     for r in exp.eventually:
         verdict = {True: "every fair cooperative run reaches it", False: "[red]avoidable[/] (see the avoidable_goal "
                    "violation)", None: "unknown (exploration incomplete)"}[r.reached]
-        console.print(f"eventually {r.goal.name}: {verdict}", highlight=False)
+        console.print(f"eventually {escape(r.goal.name)}: {verdict}", highlight=False)
     if not exp.violations:
         if exp.complete:
             console.print("[green]no violation[/]")

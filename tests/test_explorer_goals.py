@@ -343,3 +343,14 @@ def test_symmetry_report_names_the_unreduced_run_only_when_there_is_one(tmp_path
     out = " ".join(capsys.readouterr().out.split())
     full = explore(scenario_from_dict(raw), symmetry=False).num_states
     assert f"liveness and goals on the unreduced graph of {full} states" in out
+
+
+def test_goal_names_are_printed_as_written(tmp_path, capsys):
+    """A goal name that looks like console markup is printed verbatim, not interpreted."""
+    raw = dict(BASE, sometimes=[{"name": "[red]A[/] pending", "phases": {"A": "D_pending"}}],
+               eventually=[{"name": "[bold]A[/] ran", "phases": {"A": "D_active"}}])
+    path = tmp_path / "markup.json"
+    path.write_text(json.dumps(raw))
+    assert main(["explore", str(path), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "sometimes [red]A[/] pending: never" in out and "eventually [bold]A[/] ran: avoidable" in out
