@@ -84,7 +84,7 @@ VIOLATION_KINDS = (
     "forbidden_state",
 )
 
-#: SCN-10: the phases a reachability goal may name, per role (MC-41; the views of explorer.properties)
+#: SCN-10: the phases a goal may name, per role (MC-41; the views of explorer.properties)
 GOAL_PHASES = {
     "plain": ("unissued", "waiting", "waiting(fresh)", "running", "preempted", "done"),
     "source": ("S_unissued", "S_pending", "S_held", "S_detached", "S_absent"),
@@ -96,9 +96,10 @@ GOAL_PHASES = {
 
 @attrs.frozen
 class Goal:
-    """SCN-10 / MC-34: a reachability ("sometimes") goal: some reachable state has every named
-    request in its phase (and, when ``drained`` is set, a drained core or not), reached by any
-    path or, with ``cooperative_only``, by cooperative actions alone."""
+    """SCN-10..SCN-12: a condition on a state -- every named request in its phase (and, when
+    ``drained`` is set, a drained core or not) -- that a ``sometimes`` goal asks some path to reach
+    (MC-34; with ``cooperative_only``, by cooperative actions alone), an ``eventually`` goal every
+    fair cooperative run (MC-35), and a ``never`` goal no path (MC-36)."""
 
     name: str
     #: (index of the request in the universe, its id, the phase it must be in)
@@ -265,8 +266,7 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
 # ---------------------------------------------------------------------------------------------
 
 _TOP_KEYS = {"$schema", "name", "description", "engine", "requests", "adversarial", "actions", "checks",
-             "bounds", "now_ms", "symmetry", "expect", "sometimes",
-             "eventually", "never"}
+             "bounds", "now_ms", "symmetry", "expect", "sometimes", "eventually", "never"}
 _REQ_KEYS = {"id", "role", "handoff", "tokens", "segments", "prompt_len", "max_output_tokens",
              "allow_destination_admission"}
 _ACTION_KEYS = {"name", "kind", "handoff", "request", "cooperative", "once", "guard",
@@ -505,7 +505,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     desc = obj.get("description", "")
     if not isinstance(desc, str):
         raise ScenarioError("scenario.description must be a string")
-    goals = _goals(obj.get("sometimes", []), requests, "sometimes")
+    sometimes = _goals(obj.get("sometimes", []), requests, "sometimes")
     eventually = _goals(obj.get("eventually", []), requests, "eventually")
     never = _goals(obj.get("never", []), requests, "never")
     return Scenario(
@@ -523,7 +523,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         expect=Expectation(verdict, kind, max_steps, defect),
         path=path,
         raw=json.loads(json.dumps(obj)),
-        sometimes=goals,
+        sometimes=sometimes,
         eventually=eventually,
         never=never,
     )
