@@ -302,7 +302,7 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     """Compare the oracle with the compiled reference (live, or the recorded corpus)."""
-    from .reference import case_dirs, compare, run_model, run_reference, synthetic_as_trace_rows
+    from .reference import case_dirs, compare, fid7_signature, run_model, run_reference, synthetic_as_trace_rows
 
     if args.corpus is not None:
         import os
@@ -325,6 +325,7 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
         for c in ("case", "mode", "engine", "result", "detail"):
             table.add_column(c)
         same = 0
+        fid7 = 0
         for d, (case, ref) in loaded:
             ours, ref, div = check_loaded_case(dict(case), ref)
             engine = (case.get("engine_args") or case.get("prefill_engine_args") or {}).get("engine_type", "vllm")
@@ -333,10 +334,16 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
                 table.add_row(*map(messages.literal, (d.name, str(case.get("mode", "?")), str(engine), "identical",
                                                       "" if ref.status == "ok" else ref.status)))
             else:
+                hint = fid7_signature(case, ours, ref)
+                fid7 += hint is not None
                 table.add_row(*map(messages.literal, (d.name, str(case.get("mode", "?")), str(engine))),
-                              messages.literal("differs", "red"), messages.literal(div.describe()))
+                              messages.literal("differs", "red"),
+                              messages.literal(div.describe() + ("" if hint is None else f" ({hint})")))
         console.print(table)
         console.print(f"{same}/{len(dirs)} identical")
+        if fid7:
+            console.print(f"{fid7} of the {len(dirs) - same} difference(s) carry FID-7's signature (a request reusing "
+                          "more tokens in the model; spec/fidelity.md FID-7)", highlight=False)
         return EXIT_OK if same == len(dirs) else EXIT_DIFF
 
     try:
@@ -370,6 +377,9 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
         messages.say(console, "identical" if ours.status == "ok" else f"agree: model {ours.status}, reference {ref.status}")
         return EXIT_OK
     messages.say(console, div.describe())
+    hint = fid7_signature(job, ours, ref)
+    if hint is not None:
+        messages.say(console, f"{hint} (spec/fidelity.md FID-7)")
     return EXIT_DIFF
 
 

@@ -482,6 +482,32 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
     return None
 
 
+def fid7_signature(case: Mapping[str, Any], ours: Outcome, ref: Outcome) -> Optional[str]:
+    """FID-7's signature in a difference, as a hint (not a verdict): both runs complete with the
+    same requests, a vLLM or TRT-LLM worker is involved, and some request reuses more prompt tokens
+    in the model than in the reference (the pinned source keeps the blocks a failing prefill chunk
+    got; the compiled build's newer all-or-nothing Use does not). The first such request, or None."""
+    if ours.status != "ok" or ref.status != "ok" or ours.records is None or ref.records is None:
+        return None
+    engines = {(case.get(k) or {}).get("engine_type", "vllm")
+               for k in ("engine_args", "prefill_engine_args", "decode_engine_args") if k in case}
+    if not engines & {"vllm", "trtllm"} or len(ours.records) != len(ref.records):
+        return None
+    ident = ("arrival_time_ms", "input_length", "output_length", "session_id", "turn_index")
+    mine = {tuple(r.get(f) for f in ident): r for r in ours.records}
+    if len(mine) != len(ours.records):
+        return None  # rows the identifying fields cannot tell apart: no claim
+    for b in sorted(ref.records, key=_row_key):
+        a = mine.get(tuple(b.get(f) for f in ident))
+        if a is None:
+            return None
+        m, r = a.get("reused_input_tokens"), b.get("reused_input_tokens")
+        if isinstance(m, int) and isinstance(r, int) and m > r:
+            return (f"FID-7 signature: the request arriving at {b.get('arrival_time_ms')!r} ms (input "
+                    f"{b.get('input_length')}) reuses {m} tokens in the model, {r} in the reference")
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # the corpus layout
 # ---------------------------------------------------------------------------------------------

@@ -1071,3 +1071,34 @@ def test_fid7_partial_chunk_blocks_reused_per_pinned_source(case):
     assert mine.keys() == theirs.keys()
     differing = {k[1]: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
     assert differing == FID7_CASES[case]
+
+
+def test_fid7_signature_names_the_request_and_nothing_else(capsys):
+    """FID-7 detection in ``mocker-spec diff``: each FID-7 golden is flagged with the request its
+    pin names (model reuse > reference reuse); FID-9's difference is not (there the model reuses
+    less), nor is an agreeing case, nor an SGLang-only case whatever its reuse."""
+    from mocker_spec.cli import main
+    from mocker_spec.reference import Outcome, fid7_signature, load_case
+
+    for case, pinned in FID7_CASES.items():
+        job, _ref = load_case(DIVERGENT / case)
+        ours, ref, _div = check_case(DIVERGENT / case)
+        ((isl, (mine, theirs)),) = pinned.items()
+        hint = fid7_signature(job, ours, ref)
+        assert hint is not None and f"(input {isl}) reuses {mine} tokens in the model, {theirs} in the reference" in hint
+    job, _ref = load_case(DIVERGENT / "fid-9-delta-generated-tokens")
+    assert fid7_signature(job, *check_case(DIVERGENT / "fid-9-delta-generated-tokens")[:2]) is None
+    shared = ROOT / "tests" / "goldens" / "refcases"
+    some = sorted(p for p in shared.iterdir() if (p / "case.json").exists())[0]
+    job, _ref = load_case(some)
+    ours, ref, div = check_case(some)
+    assert div is None and fid7_signature(job, ours, ref) is None
+    row = {"arrival_time_ms": 0.0, "input_length": 64, "output_length": 1, "reused_input_tokens": 60}
+    more, less = Outcome("ok", records=[row]), Outcome("ok", records=[dict(row, reused_input_tokens=40)])
+    assert fid7_signature({"engine_args": {"engine_type": "sglang"}}, more, less) is None
+    assert fid7_signature({"engine_args": {"engine_type": "trtllm"}}, more, less) is not None
+    assert fid7_signature({"engine_args": None}, more, less) is not None  # the default engine is vLLM
+    assert fid7_signature({"engine_args": {"engine_type": "vllm"}}, less, more) is None
+    assert main(["diff", "--corpus", str(DIVERGENT)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"{len(FID7_CASES)} of the {len(FID7_CASES) + 1} difference(s) carry FID-7's signature" in out
