@@ -29,9 +29,10 @@ def cmd_explore(args: argparse.Namespace, console: Console) -> int:
     if unknown:
         messages.error(f"--format={unknown[0]!r}: unknown format (choose from {', '.join(FORMATS)})")
         return 2
-    if args.max_states is not None and args.max_states < 1:
-        messages.error(f"--max-states={args.max_states}: must be at least 1")
-        return 2
+    for flag, value in (("--max-states", args.max_states), ("--max-depth", args.max_depth)):
+        if value is not None and value < 1:
+            messages.error(f"{flag}={value}: must be at least 1")
+            return 2
     problem = None if args.out is None else messages.output_dir_problem(args.out)
     if problem:
         messages.error(f"--out={args.out!r}: {problem}")
@@ -40,7 +41,9 @@ def cmd_explore(args: argparse.Namespace, console: Console) -> int:
         exp = explore(
             scenario,
             max_states=args.max_states,
+            max_depth=args.max_depth,
             symmetry=args.symmetry,
+            stop_at_first=args.stop_at_first,
             progress=not args.no_progress and console.is_terminal,
         )
     except ImportError as err:
@@ -59,6 +62,10 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("explore", help="explore every reachable state of a handoff scenario (model checking)")
     p.add_argument("scenario", help="scenario file (.json or .toml; spec/scenarios.md)")
     p.add_argument("--max-states", type=int, help="stop after this many distinct states (default: the scenario's bound)")
+    p.add_argument("--max-depth", type=int, help="do not expand states deeper than this (default: the scenario's bound)")
+    p.add_argument("--stop-at-first", action="store_true",
+                   help="stop at the first safety violation (still a shortest one; liveness and eventually goals "
+                        "are then not checked)")
     p.add_argument("--symmetry", action=argparse.BooleanOptionalAction, default=None,
                    help="reduce interchangeable request ids (safety checks only; default: the scenario's setting)")
     p.add_argument("--out", help="write counterexamples, goal witnesses, exports and the summary into this directory")

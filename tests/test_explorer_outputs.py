@@ -195,3 +195,23 @@ def test_library_matches_the_json_schema():
         load_scenario(path)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"name": "x", "engine": {}, "bogus": 1}, schema)
+
+
+def test_cli_depth_bound_and_stop_at_first(capsys):
+    """MC-50: --max-depth bounds the search (and is refused below 1, naming the flag); --stop-at-first
+    ends it at the first safety violation, a shortest one, with fewer states than the full search."""
+    s1 = LIB / "known-defects" / "s1-fifo-tombstone-revival.json"
+    assert main(["explore", str(s1), "--no-progress", "--max-depth", "0"]) == 2
+    assert "--max-depth=0: must be at least 1" in capsys.readouterr().err
+    assert main(["explore", str(LIB / "clean" / "vllm-mixed-three-handoffs.json"), "--no-progress",
+                 "--max-depth", "3"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "depth 3, incomplete (max_depth)" in printed and "stopped by max_depth" in printed
+    full = explore(load_scenario(s1))
+    assert main(["explore", str(s1), "--no-progress", "--stop-at-first"]) == 1
+    printed = " ".join(capsys.readouterr().out.split())
+    liveness = ("deadlock", "livelock", "starvation", "unreachable_goal", "avoidable_goal")
+    first = min((v for v in full.violations if v.kind not in liveness), key=lambda v: v.length)
+    assert "incomplete (stop)" in printed and f"shortest counterexample, {first.length} step(s)" in printed
+    states = int(printed.split(": ", 1)[1].split(" states")[0])
+    assert states < full.num_states
