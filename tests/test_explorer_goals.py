@@ -354,3 +354,19 @@ def test_goal_names_are_printed_as_written(tmp_path, capsys):
     assert main(["explore", str(path), "--no-progress"]) == 1
     out = capsys.readouterr().out
     assert "sometimes [red]A[/] pending: never" in out and "eventually [bold]A[/] ran: avoidable" in out
+
+
+def test_witness_itf_traces_parse_with_itf_py(goals_exp):
+    """MC-44 for witnesses: each is a finite ITF trace whose last state has the goal's phases."""
+    itf = pytest.importorskip("itf_py")
+    from explorer.outputs import itf_trace
+
+    for r in goals_exp.goals:
+        if r.witness is None:
+            continue
+        trace = itf.trace_from_json(json.loads(json.dumps(itf_trace(goals_exp, r.witness))))
+        assert len(trace.states) == r.witness.length + 1 and trace.loop is None
+        last = trace.states[-1].values["phases"]
+        handoff = {"A": "hA", "B": "hB"}
+        for _i, rid, want in r.goal.phases:
+            assert phase_matches(want, getattr(last, handoff[rid]))  # ITF records decode to Rec
