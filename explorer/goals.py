@@ -7,9 +7,10 @@ says what must be *possible* -- some reachable state has these phases (SCN-10) -
 explorer answers with the shortest path to such a state (a witness) or, after a complete
 exploration that found none, with an ``unreachable_goal`` violation.
 
-Goals are evaluated after the search, on the stored per-node views (MC-40) of an unreduced graph
-(with symmetry on, the second exploration MC-25 runs anyway): a goal names concrete request ids,
-which a symmetry reduction may have swapped for their class's representative.
+All three kinds are evaluated after the search, on the stored per-node views (MC-40) of an
+unreduced graph (with symmetry on, the second, unreduced exploration of MC-25 runs for them even
+when the liveness checks are off): a goal names concrete request ids, which a symmetry reduction
+may have swapped for their class's representative.
 """
 
 from __future__ import annotations
