@@ -112,8 +112,7 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
 
         if goal.cooperative_only and not all(scenario.action(s).cooperative for s in steps):
             return result(False, "the witness uses an adversarial action")
-        once_index = {a.name: i for i, a in enumerate(scenario.actions) if a.once}
-        view = _Viewer(scenario, once_index).view(last, fired)
+        view = _Viewer(scenario).view(last, fired)
         ok = holds(goal, view, C.is_drained(last))
         return result(ok, f"the final state has {goal.describe()}" if ok else f"the final state's phases are {view[0]}")
     if kind == "invariant":
@@ -181,7 +180,7 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
             # no state of the trace reaches the goal, and no cooperative continuation of the loop does
             from .search import _Viewer
 
-            viewer = _Viewer(scenario, {a.name: i for i, a in enumerate(scenario.actions) if a.once})
+            viewer = _Viewer(scenario)
             bad = lambda core, f: holds(goal, viewer.view(core, f), C.is_drained(core))  # noqa: E731
             what = f"with {goal.describe()}"
             for n, (core, f) in enumerate(zip(rep.cores, rep.fired)):

@@ -170,7 +170,9 @@ class _Viewer:
     (every phase as if issued, the queues, the free units) is computed once per core id (MC-23)
     and each node substitutes the unissued phase of the requests its driver has not issued yet."""
 
-    def __init__(self, scenario: Scenario, once_index: Dict[str, int]) -> None:
+    def __init__(self, scenario: Scenario) -> None:
+        # the bit of each once-action in a node's ``fired`` set
+        once_index = {a.name: i for i, a in enumerate(scenario.actions) if a.once}
         self.items = []  # (view name, phase function of a core, the issuing action's bit in `fired`)
         for r in scenario.requests:
             if r.role == "plain":
@@ -329,7 +331,6 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
     checks = set(scenario.checks)
     actions = scenario.actions
     now = scenario.now_ms
-    once_index = {a.name: i for i, a in enumerate(actions) if a.once}
     coverage = [Coverage() for _ in actions]
     t0 = time.perf_counter()
     rss0 = _rss_bytes()
@@ -364,7 +365,7 @@ def _run(scenario, sym, max_states, max_depth, progress, stop, *, safety: bool, 
     depth = [0]
     fired_of = [0]
     drained = [C.is_drained(core0)]
-    viewer = _Viewer(scenario, once_index)
+    viewer = _Viewer(scenario)
     views = [viewer.view(core0, 0, node_core[0] if split else None)]
     edges: List[Edge] = []
     violations: List[Violation] = []
