@@ -433,6 +433,40 @@ def test_handoff_prefill_to_reserved_decode_owns_kv_until_normal_admission():
     assert destination.num_active_blocks() == 0
 
 
+def test_retry_behind_a_closed_slot_gate_marks_the_head_without_probing():
+    """RETRY-2, RETRY-3, PEND-5, CORE-7: with the only running slot taken, the retry a reservation
+    runs (CMD-6) marks the pending head tried at the current generation and probes nothing (the
+    attempt counter stays 0). The mark is part of the state, so a second retry at the same
+    generation finds no head due and returns the core unchanged; only a generation bump (the
+    blocker's completion) makes the head due again, and that retry probes once and reserves it."""
+    h, r = u(10_201), u(10_202)
+    core = Core(dest_args("decode"))
+    blocker = u(10_203)
+    core.receive(request(blocker, range(100, 104), 3))
+    first = core.execute(0.0)
+    assert len(core.running) == 1  # max_num_seqs 1: the gate is closed
+
+    eff = core.reserve(h, request(r, range(0, 8), 2))
+    assert eff.result == DestinationAccepted(r) and eff.lifecycle_events == ()
+    led = core.value.ledger
+    assert led.pending_destinations.entry(hid(h)).last_attempt_generation == led.capacity_generation
+    assert core.value.destination_reservation_attempts == 0
+
+    before = core.value
+    assert core.retry() == []
+    assert core.value is before
+
+    now = first.end_ms
+    for _ in range(16):
+        p = core.execute(now)
+        now = p.end_ms
+        if not core.running:
+            break
+    assert not core.running and core.value.ledger.capacity_generation > led.capacity_generation
+    assert [e.handoff_id.value for e in core.retry()] == [h]
+    assert core.value.destination_reservation_attempts == 1
+
+
 def test_destination_cancel_reaches_activated_request_exactly_once():
     """tests.rs:568-606.  VLLM-17, VLLM-21, CMD-8: cancelling an activated (now running)
     destination drops the request and frees its KV; a second cancel is a Noop."""
