@@ -105,6 +105,22 @@ def test_unchanged_command_returns_input_core(engine):
     assert new is not core and RequestId("b") not in core.requests
 
 
+def test_ledger_helpers_return_their_input_when_nothing_changes():
+    """CORE-7: the ledger helpers return their input ledger when every part they set is the one it
+    already holds, and a ledger sharing every part it did not set otherwise."""
+    from model import handoff_commands as hc
+
+    led = _core().ledger
+    assert hc._evolve(led, pending_destinations=led.pending_destinations, source_holds=led.source_holds) is led
+    assert hc._set_source(led, led.source_holds) is led
+    holds, _ = led.source_holds.register(RequestId("r"), HandoffId("h"))
+    changed = hc._set_source(led, holds)
+    assert changed is not led and changed.source_holds is holds
+    assert changed.pending_destinations is led.pending_destinations
+    assert changed.destination_holds is led.destination_holds
+    assert led.source_holds is not holds and not led.source_holds.contains_handoff(HandoffId("h"))
+
+
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_observers_follow_a_request_through_the_queues(engine):
     """CORE-6: a submitted request is waiting(fresh) and listed once in the waiting queue; after a
