@@ -66,6 +66,18 @@ def full_block_hashes_match(seq):
 # --------------------------------------------------------------------------
 
 
+def test_validate_hash_constants():
+    """HASH-1, HASH-2, HASH-3: upstream's own constants (lib/tokens/src/lib.rs:1897-1949 at the pin,
+    ``test_validate_hash_constants``): the block hashes of [1,2,3,4], [5,6,7,8] and [9,10,11,12]
+    with seed 1337 and the chained sequence hashes. The chain hash hashes the parent first, so these
+    pin its byte order, which prefix matching alone cannot see."""
+    h_1_4, h_5_8, h_9_12 = 14643705804678351452, 16777012769546811212, 483935686894639516
+    assert [tokens_hash([1, 2, 3, 4]), tokens_hash([5, 6, 7, 8]), tokens_hash([9, 10, 11, 12])] == [
+        h_1_4, h_5_8, h_9_12]
+    assert block_hashes(list(range(1, 14)), 4) == [h_1_4, h_5_8, h_9_12]  # the 13th token is no block
+    assert sequence_hashes([h_1_4, h_5_8, h_9_12]) == [h_1_4, 4945711292740353085, 12583592247330656132]
+
+
 def test_new_with_signal_creates_initial_partial_block():
     # Rule: SEQ-5, SEQ-6
     seq, signal = new_with_signal(list(range(15)), 100, 16)
