@@ -246,6 +246,38 @@ def test_generated_tokens_are_deterministic():
     assert a1.unique_blocks[0] != b.unique_blocks[0]  # block 0 holds a generated token
 
 
+def test_hash5_stand_ins_follow_their_formulas():
+    """HASH-5 (a)-(c), SEQ-2: each stand-in is the spec's formula, computed here by hand with xxhash
+    (seed 1337): a generated token is the low 32 bits of XXH3-64("T" + le_u128(k) + le_u64(p)); a
+    block holding one hashes its u32 tokens then le_u128(k); private ids hash "F" / "P" + le_u128(k)
+    + le_u64(i). A full block's tokens, taken in one batch (``block_tokens``), equal ``token_at``
+    position by position, so the two code paths cannot drift apart."""
+    import struct
+
+    import xxhash
+
+    from model.hashing import generated_block_hash, generated_token, generated_tokens, private_block_id
+
+    k = (7 << 64) | 3
+    kb = k.to_bytes(16, "little")
+
+    def x(data):
+        return xxhash.xxh3_64_intdigest(data, seed=1337)
+
+    assert [generated_token(k, p) for p in (0, 5, 1 << 40)] == [
+        x(b"T" + kb + struct.pack("<Q", p)) & 0xFFFFFFFF for p in (0, 5, 1 << 40)]
+    assert generated_tokens(k, 3, 9) == [generated_token(k, p) for p in range(3, 9)]
+    assert generated_block_hash([1, 2, 0xFFFFFFFF], k) == x(struct.pack("<3I", 1, 2, 0xFFFFFFFF) + kb)
+    assert private_block_id(b"F", k, 4) == x(b"F" + kb + struct.pack("<Q", 4))
+    assert private_block_id(b"P", k, 4) == x(b"P" + kb + struct.pack("<Q", 4))
+
+    seq = new_sequence(k, [1, 2, 3], 9, 4)
+    for _ in range(9):
+        seq, _sigs = generate(seq)
+    for index in range(len(seq) // 4):
+        assert seq.block_tokens(index) == tuple(seq.token_at(i) for i in range(index * 4, index * 4 + 4))
+
+
 def test_identical_prompts_diverge_at_first_generated_block():
     # Rule: SEQ-2: a block holding a generated token is private to its request
     prompt = list(range(8))
