@@ -310,13 +310,6 @@ def test_each_handoff_invariant_can_fail(name):
     assert {v.invariant.name for v in invariants.violations(state)} == {name}
 
 
-def test_every_handoff_invariant_has_a_broken_state():
-    """The two tests above cover every invariant registered for the handoff kernels."""
-    kernels = (SourceHolds, DestinationHolds, ActiveHandoffRequests, PendingDestinations, HandoffLedger)
-    registered = {inv.name for inv in invariants.REGISTRY if inv.applies_to in kernels}
-    assert registered == set(_broken_states()) | {"ledger_one_role"}
-
-
 # --- the tombstone-revival quirk (PEND-Q1, upstream S1) --------------------------------------
 
 
