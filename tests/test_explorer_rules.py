@@ -171,6 +171,21 @@ def test_mc13_catches_a_rejection_that_changed_the_core_in_place(monkeypatch, sy
     assert v is not None and "was rejected (" in v.message and "but the core changed" in v.message
 
 
+def test_mc14_catches_a_pass_that_ends_before_it_starts(monkeypatch):
+    """MC-14: a pass whose result ends before the time it was given is reported at the first pass
+    (one step), although every state it leads to is an ordinary one."""
+    real = C.execute_pass
+
+    def early(core, now_ms):
+        new, res = real(core, now_ms)
+        return new, attrs.evolve(res, end_ms=now_ms - 1.0)
+
+    monkeypatch.setattr(C, "execute_pass", early)
+    exp = explore(load_scenario(S7), stop_on="time_went_backwards")
+    v = exp.violation("time_went_backwards")
+    assert v is not None and v.length == 1 and v.message.startswith("end_ms ") and "< now_ms" in v.message
+
+
 def test_mc16_internal_errors_are_violations(monkeypatch):
     """MC-16: an InternalInvariantBroken raised by an action is a violation with no successor."""
     from model.errors import InternalInvariantBroken
