@@ -1,10 +1,9 @@
 """Every registered invariant can fail (a predicate that never fires checks nothing).
 
-Each engine-core invariant gets a reachable core (two requests admitted by one pass on a small
-pool) broken by hand in one place, and must be the only invariant that reports it. The handoff
-kernels' invariants have theirs in ``test_kernel_units.py`` (``_broken_states``,
-``test_invariants_detect_a_request_in_two_roles``); the last test checks that together they cover
-the whole registry, so a new invariant without a broken state fails here.
+Each invariant gets a hand-made broken state and must be the only invariant that reports it: the
+handoff kernels' invariants a kernel value built directly, the engine cores' ones a reachable core
+(two requests admitted by one pass on a small pool) broken in one place. The last test checks that
+the table covers the whole registry, so a new invariant without a broken state fails here.
 """
 
 from __future__ import annotations
@@ -15,14 +14,55 @@ from pyrsistent import pdeque, pmap
 
 import invariants
 from model import core as C
+from model.active_handoffs import ActiveHandoffRequests
+from model.destination_holds import DestinationHolds
 from model.engine_args import engine_args_from_json
 from model.frozen import FrozenDict
 from model.ids import hid, rid
+from model.ledger import HandoffLedger
 from model.pending_destinations import PendingDestinations, PendingEntry
 from model.protocol import DirectRequest, Submit
-from test_kernel_units import _broken_states
+from model.source_holds import SourceHolds
 
 A, B = rid("a"), rid("b")
+
+
+def _handoff_cases():
+    """One hand-made kernel state per handoff invariant that breaks that invariant and no other."""
+    r, r2, h, h2 = rid("r"), rid("r2"), hid("H"), hid("H2")
+    entry = PendingEntry(r, None, None)
+    held_r, _ = SourceHolds().register(r, hid("S"))
+    held_r, _ = held_r.complete_source(r, "kv")
+    return {
+        # r both a held source and a pending destination (test_kernel_units has the same case)
+        "ledger_one_role": HandoffLedger(source_holds=held_r, pending_destinations=PendingDestinations(
+            fifo=pdeque([h]), by_handoff=pmap({h: entry}), by_request=pmap({r: h}))),
+        # a pending request whose handoff map has no entry
+        "src_bijective": SourceHolds(pending_by_request=pmap({r: h})),
+        # r both pending (as H) and held (as H2), each pair of maps consistent
+        "src_disjoint": SourceHolds(pending_by_request=pmap({r: h}), pending_by_handoff=pmap({h: r}),
+                                    held_by_handoff=pmap({h2: (r, None)}), held_by_request=pmap({r: h2})),
+        "dst_bijective": DestinationHolds(by_handoff=pmap({h: (r, None)})),
+        "act_bijective": ActiveHandoffRequests(by_handoff=pmap({h: r})),
+        "pend_bijective": PendingDestinations(fifo=pdeque([h]), by_handoff=pmap({h: entry})),
+        # a live entry without a FIFO slot
+        "pend_live_in_fifo": PendingDestinations(by_handoff=pmap({h: entry}), by_request=pmap({r: h})),
+        # three distinct FIFO ids for one live entry (two tombstones past the bound)
+        "pend_fifo_bound": PendingDestinations(fifo=pdeque([h, hid("T1"), hid("T2")]), by_handoff=pmap({h: entry}),
+                                               by_request=pmap({r: h})),
+        # the second entry carries a mark while H is the head
+        "pend_only_head_marked": PendingDestinations(
+            fifo=pdeque([h, h2]), by_handoff=pmap({h: entry, h2: PendingEntry(r2, None, 0)}),
+            by_request=pmap({r: h, r2: h2})),
+        # H pending (for r) and active (for r2): two destination stages, one role per request
+        "ledger_one_destination_stage": HandoffLedger(
+            pending_destinations=PendingDestinations(fifo=pdeque([h]), by_handoff=pmap({h: entry}),
+                                                     by_request=pmap({r: h})),
+            active_destinations=ActiveHandoffRequests(by_handoff=pmap({h: r2}), by_request=pmap({r2: h}))),
+        # the head marked at generation 5 while the capacity generation is 0
+        "ledger_marks_not_ahead": HandoffLedger(pending_destinations=PendingDestinations(
+            fifo=pdeque([h]), by_handoff=pmap({h: PendingEntry(r, None, 5)}), by_request=pmap({r: h}))),
+    }
 
 
 def _core(engine: str):
@@ -70,19 +110,15 @@ def _sglang_cases(s):
     }
 
 
-_ENGINE_CASES = {"vllm": _vllm_cases, "sglang": _sglang_cases}
-_NAMES = [(engine, name) for engine, f in _ENGINE_CASES.items()
-          for name in sorted(f(_core(engine)))]
+_CASES = {**_handoff_cases(), **_vllm_cases(_core("vllm")), **_sglang_cases(_core("sglang"))}
 
 
-@pytest.mark.parametrize("engine,name", _NAMES)
-def test_each_core_invariant_can_fail(engine, name):
-    """VLLM-2, VGEN-2, LEDGER-1, KV-2, SG-9, SG-4, SG-35, SG-34: the broken core is reported by
-    exactly that invariant."""
-    broken = _ENGINE_CASES[engine](_core(engine))[name]
-    assert {v.invariant.name for v in invariants.violations(broken)} == {name}
+@pytest.mark.parametrize("name", sorted(_CASES))
+def test_each_invariant_can_fail(name):
+    """SRC-0, SRC-1, DST-0, ACT-0, PEND-0, PEND-3, PEND-5, PEND-7, LEDGER-1, LEDGER-2, LEDGER-4, KV-2,
+    VLLM-2, VGEN-2, SG-4, SG-9, SG-34, SG-35: the broken state is reported by exactly that invariant."""
+    assert {v.invariant.name for v in invariants.violations(_CASES[name])} == {name}
 
 
 def test_every_registered_invariant_has_a_broken_state():
-    covered = set(_broken_states()) | {"ledger_one_role"} | {name for _e, name in _NAMES}
-    assert {inv.name for inv in invariants.REGISTRY} == covered
+    assert {inv.name for inv in invariants.REGISTRY} == set(_CASES)

@@ -263,53 +263,6 @@ def test_invariants_detect_a_request_in_two_roles():
     assert names == {"ledger_one_role"}
 
 
-def _broken_states():
-    """One hand-made state per handoff invariant that breaks that invariant and no other
-    (ledger_one_role has its own test above)."""
-    from pyrsistent import pdeque, pmap
-
-    from model.pending_destinations import PendingEntry
-
-    r, r2, h, h2 = rid("r"), rid("r2"), hid("H"), hid("H2")
-    entry = PendingEntry(r, None, None)
-    return {
-        # a pending request whose handoff map has no entry
-        "src_bijective": SourceHolds(pending_by_request=pmap({r: h})),
-        # r both pending (as H) and held (as H2), each pair of maps consistent
-        "src_disjoint": SourceHolds(pending_by_request=pmap({r: h}), pending_by_handoff=pmap({h: r}),
-                                    held_by_handoff=pmap({h2: (r, None)}), held_by_request=pmap({r: h2})),
-        "dst_bijective": DestinationHolds(by_handoff=pmap({h: (r, None)})),
-        "act_bijective": ActiveHandoffRequests(by_handoff=pmap({h: r})),
-        "pend_bijective": PendingDestinations(fifo=pdeque([h]), by_handoff=pmap({h: entry})),
-        # a live entry without a FIFO slot
-        "pend_live_in_fifo": PendingDestinations(by_handoff=pmap({h: entry}), by_request=pmap({r: h})),
-        # three distinct FIFO ids for one live entry (two tombstones past the bound)
-        "pend_fifo_bound": PendingDestinations(fifo=pdeque([h, hid("T1"), hid("T2")]), by_handoff=pmap({h: entry}),
-                                               by_request=pmap({r: h})),
-        # the second entry carries a mark while H is the head
-        "pend_only_head_marked": PendingDestinations(
-            fifo=pdeque([h, h2]), by_handoff=pmap({h: entry, h2: PendingEntry(r2, None, 0)}),
-            by_request=pmap({r: h, r2: h2})),
-        # H pending (for r) and active (for r2): two destination stages, one role per request
-        "ledger_one_destination_stage": HandoffLedger(
-            pending_destinations=PendingDestinations(fifo=pdeque([h]), by_handoff=pmap({h: entry}),
-                                                     by_request=pmap({r: h})),
-            active_destinations=ActiveHandoffRequests(by_handoff=pmap({h: r2}), by_request=pmap({r2: h}))),
-        # the head marked at generation 5 while the capacity generation is 0
-        "ledger_marks_not_ahead": HandoffLedger(pending_destinations=PendingDestinations(
-            fifo=pdeque([h]), by_handoff=pmap({h: PendingEntry(r, None, 5)}), by_request=pmap({r: h}))),
-    }
-
-
-@pytest.mark.parametrize("name", sorted(_broken_states()))
-def test_each_handoff_invariant_can_fail(name):
-    """Every handoff invariant of the registry (SRC-0, SRC-1, DST-0, ACT-0, PEND-0, PEND-3, PEND-7,
-    PEND-5, LEDGER-2, LEDGER-4) reports its own hand-made broken state, and only that invariant
-    does: none of them is vacuous."""
-    state = _broken_states()[name]
-    assert {v.invariant.name for v in invariants.violations(state)} == {name}
-
-
 # --- the tombstone-revival quirk (PEND-Q1, upstream S1) --------------------------------------
 
 
