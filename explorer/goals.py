@@ -19,6 +19,7 @@ from typing import List, Optional
 
 import attrs
 
+from .paths import bfs_dist, shortest_cycle_through, successors, walk
 from .scenario import Goal
 
 
@@ -90,11 +91,8 @@ def evaluate(graph, own: bool = True, goals=None) -> List[GoalResult]:
         path: List[int] = []
         if goal.cooperative_only and sat:
             if coop_succ is None:
-                coop_succ = {}
-                for e, ed in enumerate(graph.edges):
-                    if ed.dst >= 0 and ed.dst != ed.src and sc.actions[ed.action].cooperative:
-                        coop_succ.setdefault(ed.src, []).append((e, ed.dst))
-            node, path = _nearest(coop_succ, set(sat))
+                coop_succ = successors(graph.edges, sc.actions, cooperative=True)
+            node, path = _nearest(coop_succ, sat, graph.num_states)
         elif sat:
             node = sat[0]
             path = graph.path_to(node)
@@ -108,32 +106,14 @@ def evaluate(graph, own: bool = True, goals=None) -> List[GoalResult]:
     return results
 
 
-def _nearest(succ, targets: set):
+def _nearest(succ, targets: List[int], n: int):
     """The target nearest to node 0 over ``succ`` (ties: the lowest node number) and the path to it."""
-    if 0 in targets:
-        return 0, []
-    via = {0: None}
-    layer = [0]
-    while layer:
-        nxt = []
-        for n in layer:
-            for e, d in succ.get(n, ()):
-                if d not in via:
-                    via[d] = (n, e)
-                    nxt.append(d)
-        hits = [d for d in nxt if d in targets]
-        if hits:
-            node = min(hits)
-            path = []
-            n = node
-            while n != 0:
-                p, e = via[n]
-                path.append(e)
-                n = p
-            path.reverse()
-            return node, path
-        layer = nxt
-    return None, []
+    dist, via = bfs_dist(0, succ, range(n))
+    hits = [t for t in targets if t in dist]
+    if not hits:
+        return None, []
+    node = min(hits, key=lambda t: (dist[t], t))
+    return node, walk(via, 0, node)
 
 
 def avoidable(graph) -> List[tuple]:
@@ -151,19 +131,11 @@ def avoidable(graph) -> List[tuple]:
     state (starvation is "from every state, eventually drained", which MC-32 checks itself)."""
     import networkx as nx
 
-    from .search import _bfs_dist, _shortest_cycle_through, _walk
-
     sc = graph.scenario
     edges = graph.edges
     n = graph.num_states
-    coop_succ = {}
-    all_succ = {}
-    for idx, e in enumerate(edges):
-        if e.dst < 0:
-            continue
-        all_succ.setdefault(e.src, []).append((idx, e.dst))
-        if sc.actions[e.action].cooperative:
-            coop_succ.setdefault(e.src, []).append((idx, e.dst))
+    coop_succ = successors(edges, sc.actions, cooperative=True)
+    all_succ = successors(edges, sc.actions)
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
     for src, lst in coop_succ.items():
@@ -178,7 +150,7 @@ def avoidable(graph) -> List[tuple]:
             out.append((goal, None))
             continue
         avoid = {x for x in range(n) if not good[x]}
-        dist, via = _bfs_dist(0, all_succ, avoid)
+        dist, via = bfs_dist(0, all_succ, avoid)
         best = None
         count = 0
         for comp in bottoms:
@@ -189,7 +161,7 @@ def avoidable(graph) -> List[tuple]:
                 continue
             count += 1
             entry = min(reach, key=lambda x: (dist[x], x))
-            cyc = _shortest_cycle_through(entry, comp, coop_succ, edges, None) or []
+            cyc = shortest_cycle_through(entry, comp, coop_succ, edges, None) or []
             cand = (dist[entry] + len(cyc), entry, cyc)
             if best is None or cand[0] < best[0]:
                 best = cand
@@ -197,7 +169,7 @@ def avoidable(graph) -> List[tuple]:
             out.append((goal, None))
         else:
             _, entry, cyc = best
-            out.append((goal, (entry, _walk(via, 0, entry), cyc, count)))
+            out.append((goal, (entry, walk(via, 0, entry), cyc, count)))
     return out
 
 

@@ -27,6 +27,7 @@ from . import properties as P
 from .actions import Outcome, fire, guard_holds
 from .canon import Symmetry, canonical_key, fresh_key, is_vllm, node_key, symmetry_for
 from .goals import GoalResult, avoidable, avoidable_message, evaluate, forbidden_message, unreachable_message
+from .paths import shortest_cycle_through, successors
 from .scenario import Scenario
 
 
@@ -536,81 +537,11 @@ def _path(parent_edge, edges, node) -> List[int]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _bfs_dist(start: int, succ, allowed) -> Tuple[Dict[int, int], Dict[int, Tuple[int, int]]]:
-    """Shortest distances from ``start`` inside ``allowed`` over ``succ[n] = [(edge, dst)]``."""
-    dist = {start: 0}
-    via: Dict[int, Tuple[int, int]] = {}
-    q = deque([start])
-    while q:
-        n = q.popleft()
-        for e, d in succ.get(n, ()):
-            if d in allowed and d not in dist:
-                dist[d] = dist[n] + 1
-                via[d] = (n, e)
-                q.append(d)
-    return dist, via
-
-
-def _walk(via, start, end) -> List[int]:
-    out = []
-    n = end
-    while n != start:
-        p, e = via[n]
-        out.append(e)
-        n = p
-    out.reverse()
-    return out
-
-
-def _shortest_cycle_through(entry: int, comp: set, succ, edges: List[Edge], want) -> Optional[List[int]]:
-    """MC-33: the shortest cycle from ``entry`` back to ``entry`` inside ``comp`` that uses at least
-    one edge satisfying ``want`` (any edge when ``want`` is None)."""
-    dist, via = _bfs_dist(entry, succ, comp)
-    # distances to ``entry`` over reversed edges, with the next edge towards it
-    pred: Dict[int, List[Tuple[int, int]]] = {}
-    for u in comp:
-        for e, v in succ.get(u, ()):
-            if v in comp:
-                pred.setdefault(v, []).append((e, u))
-    back = {entry: 0}
-    nxt: Dict[int, Tuple[int, int]] = {}
-    q = deque([entry])
-    while q:
-        x = q.popleft()
-        for e, u in pred.get(x, ()):
-            if u not in back:
-                back[u] = back[x] + 1
-                nxt[u] = (e, x)
-                q.append(u)
-    best = None
-    for u in comp:
-        if u not in dist:
-            continue
-        for e, v in succ.get(u, ()):
-            if v not in comp or v not in back or (want is not None and not want(edges[e])):
-                continue
-            total = dist[u] + 1 + back[v]
-            if best is None or total < best[0]:
-                best = (total, u, e, v)
-    if best is None:
-        return None
-    _, u, e, v = best
-    out = _walk(via, entry, u) + [e]
-    while v != entry:
-        e2, v = nxt[v]
-        out.append(e2)
-    return out
-
-
 def _liveness(exp: Exploration, checks: set) -> None:
     edges = exp.edges
     actions = exp.scenario.actions
     n = exp.num_states
-    coop_succ: Dict[int, List[Tuple[int, int]]] = {}
-    for idx, e in enumerate(edges):
-        if e.dst < 0 or not actions[e.action].cooperative:
-            continue
-        coop_succ.setdefault(e.src, []).append((idx, e.dst))
+    coop_succ = successors(edges, actions, cooperative=True)
 
     # MC-30 deadlock: not drained; every enabled cooperative action is a self-loop reporting no progress
     if "deadlock" in checks:
@@ -651,7 +582,7 @@ def _liveness(exp: Exploration, checks: set) -> None:
                 continue
             count += 1
             entry = min(comp, key=lambda x: (exp.depth[x], x))
-            cyc = _shortest_cycle_through(entry, comp, zsucc, edges, lambda ed: ed.outcome.progress)
+            cyc = shortest_cycle_through(entry, comp, zsucc, edges, lambda ed: ed.outcome.progress)
             if cyc is None:  # pragma: no cover - a progress edge inside an SCC always closes
                 continue
             cand = (exp.depth[entry] + len(cyc), entry, cyc)
@@ -679,7 +610,7 @@ def _liveness(exp: Exploration, checks: set) -> None:
                 continue
             count += 1
             entry = min(comp, key=lambda x: (exp.depth[x], x))
-            cyc = _shortest_cycle_through(entry, comp, coop_succ, edges, None) or []
+            cyc = shortest_cycle_through(entry, comp, coop_succ, edges, None) or []
             cand = (exp.depth[entry] + len(cyc), entry, cyc)
             if best is None or cand[0] < best[0]:
                 best = cand
