@@ -210,6 +210,9 @@ def test_args13_types():
     rejects({"reasoning": {"start_thinking_token_id": 1}}, "reasoning.end_thinking_token_id", "ARGS-13")
     assert engine_args_from_json({"speedup_ratio": 2}).speedup_ratio == 2.0
     assert engine_args_from_json({"num_gpu_blocks": 2**64 - 1}).num_gpu_blocks == 2**64 - 1
+    # each width's largest value is accepted (u32: 2**32 - 1; u16: 2**16 - 1), one more is refused above
+    assert engine_args_from_json({"dp_size": 2**32 - 1}).dp_size == 2**32 - 1
+    assert engine_args_from_json({"zmq_kv_events_port": 2**16 - 1}).zmq_kv_events_port == 2**16 - 1
 
 
 def test_args5_non_finite_floats_rejected():
@@ -253,6 +256,20 @@ def test_args11_nested_unknown_keys_ignored_in_json():
                                "reasoning": {"start_thinking_token_id": 1, "end_thinking_token_id": 2,
                                              "thinking_ratio": 2.0, "x": 1}})
     assert a.block_size == 16
+
+
+def test_args11_nested_object_as_a_sequence_in_json_only():
+    """ARGS-11: the JSON form also takes a nested object as an array of all its members in
+    declaration order (serde's sequence form, checked against the compiled build); a wrong length
+    is refused with serde's message; the constructor form has no sequence form."""
+    members = {"schedule_policy": "lpm", "page_size": 4, "max_prefill_tokens": 100, "chunked_prefill_size": 64,
+               "clip_max_new_tokens": 10, "schedule_conservativeness": 0.5}
+    as_map = engine_args_from_json({"engine_type": "sglang", "sglang": members})
+    as_seq = engine_args_from_json({"engine_type": "sglang", "sglang": list(members.values())})
+    assert as_seq == as_map and as_seq.sglang.page_size == 4 and as_seq.sglang.schedule_policy == "lpm"
+    short = rejects({"engine_type": "sglang", "sglang": ["lpm", 4]}, "sglang", "ARGS-13")
+    assert "invalid length 2, expected 6 elements" in str(short)
+    rejects({"engine_type": "sglang", "sglang": tuple(members.values())}, "sglang", "ARGS-13", dialect="kwargs")
 
 
 # ---------------------------------------------------------------------------

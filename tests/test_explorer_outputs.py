@@ -152,6 +152,10 @@ def test_deadlock_report_and_summary_carry_the_dead_end_diagnosis(tmp_path, caps
     (lambda d: d.update(checks={"safety": True}), "unknown field"),
     (lambda d: d.update(expect={"verdict": "violation"}), "kind"),
     (lambda d: d.update(bounds={"max_states": 0}), "max_states"),
+    (lambda d: d["requests"][0].update(max_output_tokens=-1), "max_output_tokens"),
+    (lambda d: d["requests"][0].update(max_output_tokens="2"), "max_output_tokens"),
+    (lambda d: d.update(actions=[{"kind": "submit", "request": {"id": "", "prompt_len": 4}}]), "request.id"),
+    (lambda d: d.update(actions=[{"kind": "submit", "request": {"id": 7, "prompt_len": 4}}]), "request.id"),
 ])
 def test_invalid_scenarios_are_rejected(mutate, fragment):
     """SCN-1..SCN-9: every malformed scenario raises ScenarioError naming the problem."""

@@ -448,7 +448,8 @@ def test_synthetic_prefix_tokens_do_not_depend_on_group() -> None:
     [{"input_tokens": 0}, {"output_tokens": 0}, {"request_count": 0},
      {"turns_per_session": 0, "shared_prefix_ratio": 0.5},
      {"arrival_interval_ms": -1.0}, {"arrival_interval_ms": math.inf}, {"inter_turn_delay_ms": -1.0},
-     {"shared_prefix_ratio": 1.5}, {"replay_concurrency": 0}],
+     {"shared_prefix_ratio": 1.5}, {"replay_concurrency": 0},
+     {"num_prefix_groups": -1}, {"num_prefix_groups": 1.5}, {"num_prefix_groups": "2"}],
 )
 def test_synthetic_rejections(kw: dict) -> None:
     base = dict(engine_block_size=16, input_tokens=8, output_tokens=2, request_count=2, turns_per_session=2)
