@@ -15,6 +15,8 @@ from typing import List, Optional
 from rich.console import Console
 from rich.table import Table
 
+from model.workload import DEFAULT_TRACE_BLOCK_SIZE
+
 from . import messages
 
 
@@ -394,7 +396,8 @@ def _add_replay_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replay-concurrency", type=int, help="closed loop: keep this many requests in flight")
     p.add_argument("--router-mode", choices=("round_robin", "kv_router"), default="round_robin")
     p.add_argument("--arrival-speedup-ratio", type=float, default=1.0)
-    p.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash id in the trace (default 512)")
+    p.add_argument("--trace-block-size", type=int, default=DEFAULT_TRACE_BLOCK_SIZE,
+                   help=f"tokens per hash id in the trace (default {DEFAULT_TRACE_BLOCK_SIZE})")
     p.add_argument("--trace-format", default="mooncake",
                    help="mooncake (default) or mooncake-delta: a session's turns append to its prompt (WL-18)")
     p.add_argument("--input-tokens", type=int, help="synthetic: prompt length")

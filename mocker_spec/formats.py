@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping
 from model.errors import InvalidInput
 from model.report import PerRequestRecord, REPORT_FIELDS, TerminalStatus
 from model.workload import (
+    DEFAULT_TRACE_BLOCK_SIZE,
     FlatWorkload,
     SessionWorkload,
     Trace,
@@ -84,7 +85,7 @@ def _rows(lines: Iterable[str]):
         yield i, parse_mooncake_line(text, i)
 
 
-def read_trace(path: str | os.PathLike[str], trace_block_size: int = 512) -> Trace:
+def read_trace(path: str | os.PathLike[str], trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> Trace:
     """WL-3..WL-8: parse a mooncake JSONL file into sessions (no timing changes)."""
     return trace_from_mooncake_rows(_rows(read_trace_lines(path)), trace_block_size)
 
@@ -113,7 +114,7 @@ def read_input_file(path: str | os.PathLike[str], *, parse_json: bool = False, l
 
 def load_trace_file(
     path: str | os.PathLike[str],
-    trace_block_size: int = 512,
+    trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE,
     arrival_speedup_ratio: float = 1.0,
     trace_format: str = "mooncake",
 ) -> FlatWorkload | SessionWorkload:
@@ -122,7 +123,7 @@ def load_trace_file(
 
 
 def load_concurrency_trace_file(
-    path: str | os.PathLike[str], trace_block_size: int = 512, *, validate: bool = True,
+    path: str | os.PathLike[str], trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE, *, validate: bool = True,
     accumulate_deltas: bool = False,
 ) -> FlatWorkload | SessionWorkload:
     """WL-20: a trace file replayed with ``replay_concurrency`` (``model.workload.load_concurrency_trace_workload``)."""

@@ -39,7 +39,7 @@ from model.engine_args import engine_args_from_json
 from model.errors import InvalidInput
 from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
 from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_setup, run_replay
-from model.workload import FlatWorkload, canonical_trace_format, synthetic_replay_workload
+from model.workload import DEFAULT_TRACE_BLOCK_SIZE, FlatWorkload, canonical_trace_format, synthetic_replay_workload
 
 from .formats import InputFileError, load_concurrency_trace_file, load_trace_file, read_input_file
 
@@ -150,7 +150,8 @@ try:
                   num_prefill_workers=job.get("num_prefill_workers", 1),
                   num_decode_workers=job.get("num_decode_workers", 1))
     if job.get("trace_file") is not None:
-        kw["trace_block_size"] = job.get("trace_block_size", 512)
+        if job.get("trace_block_size") is not None:  # else the binding's own default
+            kw["trace_block_size"] = job["trace_block_size"]
         kw["report_jsonl_path"] = job["report_path"]
         if job.get("trace_format") is not None:
             kw["trace_format"] = job["trace_format"]
@@ -303,10 +304,10 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
             raise InvalidInput("trace_format", fmt, "mooncake-delta trace format is not supported for disaggregated "
                                "replay", rule="WL-18")
         if job.get("replay_concurrency") is not None:  # WL-20: the concurrency workload driver
-            return load_concurrency_trace_file(job["trace_file"], job.get("trace_block_size", 512),
+            return load_concurrency_trace_file(job["trace_file"], job.get("trace_block_size", DEFAULT_TRACE_BLOCK_SIZE),
                                                validate=not setup.is_disagg,
                                                accumulate_deltas=fmt == "mooncake-delta")
-        return load_trace_file(job["trace_file"], job.get("trace_block_size", 512), ratio, fmt)
+        return load_trace_file(job["trace_file"], job.get("trace_block_size", DEFAULT_TRACE_BLOCK_SIZE), ratio, fmt)
     s = job["synthetic"]
     args = setup.prefill_args if setup.is_disagg else setup.engine_args
     block_size = args.block_size if args is not None else 64

@@ -88,7 +88,9 @@ try:
 except Exception as exc:
     emit({"status": "missing", "message": "ai-dynamo-runtime is not importable: %r" % (exc,)}); sys.exit(0)
 kw = dict(router_mode=job.get("router_mode", "round_robin"), arrival_speedup_ratio=job.get("arrival_speedup_ratio", 1.0),
-          trace_block_size=job.get("trace_block_size", 512), report_jsonl_path=job["report_path"])
+          report_jsonl_path=job["report_path"])
+if job.get("trace_block_size") is not None:  # else the binding's own default
+    kw["trace_block_size"] = job["trace_block_size"]
 if job.get("replay_concurrency") is not None:
     kw["replay_concurrency"] = job["replay_concurrency"]
 if job["mode"] == "agg":

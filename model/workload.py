@@ -65,8 +65,12 @@ __all__ = [
     "synthetic_workload",
     "synthetic_replay_workload",
     "SYNTHETIC_SEED",
+    "DEFAULT_TRACE_BLOCK_SIZE",
     "SYNTHETIC_PREFIX_TAG",
 ]
+
+#: WL-5: ``trace_block_size`` when a replay gives none (the binding's default)
+DEFAULT_TRACE_BLOCK_SIZE = 512
 
 _U64_MAX = (1 << 64) - 1
 _U32_MAX = (1 << 32) - 1
@@ -591,7 +595,7 @@ def canonical_trace_format(trace_format: str) -> str:
 
 def load_trace_workload(
     rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]],
-    trace_block_size: int = 512,
+    trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE,
     arrival_speedup_ratio: float = 1.0,
     trace_format: str = "mooncake",
 ) -> FlatWorkload | SessionWorkload:
@@ -622,7 +626,7 @@ def workload_from_trace(trace: Trace, trace_format: str = "mooncake") -> FlatWor
 
 def load_concurrency_trace_workload(
     rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]],
-    trace_block_size: int = 512,
+    trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE,
     *,
     validate: bool = True,
     accumulate_deltas: bool = False,

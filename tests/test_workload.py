@@ -21,6 +21,7 @@ import pytest
 from model.errors import InvalidInput
 from model.hashing import block_hashes
 from model.workload import (
+    DEFAULT_TRACE_BLOCK_SIZE,
     SYNTHETIC_PREFIX_TAG,
     FlatWorkload,
     MooncakeRow,
@@ -255,6 +256,26 @@ def test_delay_inference_uses_last_timestamped_row() -> None:
 def test_empty_trace_is_rejected() -> None:
     with pytest.raises(InvalidInput, match="did not contain any requests"):
         trace_from_mooncake_lines(["", "   "], 4)
+
+
+def test_a_job_without_trace_block_size_reads_the_trace_at_512(tmp_path) -> None:
+    """WL-5: no ``trace_block_size`` means the binding's 512: each hash id stands for 512 tokens, so
+    two 700-token rows whose first hash ids agree share 512 tokens (at 16 they would share 16)."""
+    from mocker_spec.reference import setup_from_job, workload_from_job
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 700, "output_length": 2, "hash_ids": [1, 2]}\n'
+                     '{"timestamp": 1, "input_length": 700, "output_length": 2, "hash_ids": [1, 3]}\n')
+    job = {"mode": "agg", "router_mode": "round_robin", "trace_file": str(trace),
+           "engine_args": {"block_size": 16, "num_gpu_blocks": 200}}
+
+    def shared(extra):
+        j = dict(job, **extra)
+        a, b = [r.tokens for r in workload_from_job(j, setup_from_job(j)).requests]
+        return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+
+    assert shared({}) == shared({"trace_block_size": 512}) == DEFAULT_TRACE_BLOCK_SIZE == 512
+    assert shared({"trace_block_size": 16}) == 16
 
 
 def test_trace_block_size_must_be_positive() -> None:
