@@ -345,6 +345,17 @@ def test_corpus_row_order_and_bytes(case: RefCase) -> None:
 # ---------------------------------------------------------------------------
 
 
+def test_uuid_from_int_covers_every_u128_and_nothing_else() -> None:
+    """Rust ``Uuid::from_u128``: the nil UUID and the all-ones one are both valid; the number is
+    printed as 32 zero-padded lowercase hex digits in 8-4-4-4-12 groups."""
+    assert uuid_from_int(0) == "00000000-0000-0000-0000-000000000000"
+    assert uuid_from_int((1 << 128) - 1) == "ffffffff-ffff-ffff-ffff-ffffffffffff"
+    assert uuid_from_int(0xABC) == "00000000-0000-0000-0000-000000000abc"
+    for bad in (-1, 1 << 128):
+        with pytest.raises(InvalidInput):
+            uuid_from_int(bad)
+
+
 def test_percentile_rank_rounds_half_away_from_zero() -> None:
     """REP-13: nearest rank on (n-1)p/100, ties away from zero (Python round would go to even)."""
     assert percentile_rank(4, 50.0) == 2  # 1.5 -> 2
