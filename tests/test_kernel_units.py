@@ -241,6 +241,10 @@ def test_ledger_generation_bump_and_overflow():
     assert ledger.capacity_generation == 2
     with pytest.raises(InternalInvariantBroken):
         attrs.evolve(ledger, capacity_generation=GENERATION_MAX).bump_generation()
+    # the bound is u64::MAX itself (18446744073709551615): one below it still bumps, to the bound
+    assert GENERATION_MAX == 18_446_744_073_709_551_615
+    top = attrs.evolve(ledger, capacity_generation=18_446_744_073_709_551_614).bump_generation()
+    assert top.capacity_generation == 18_446_744_073_709_551_615
 
 
 def test_source_and_destination_namespaces_are_independent():
