@@ -81,6 +81,7 @@ def test_a_goal_no_state_reaches_is_a_violation(goals_exp, tmp_path, capsys):
     assert r.reached is False and r.witness is None
     (v,) = [v for v in goals_exp.violations if v.kind == "unreachable_goal"]
     assert v.name == "A active and drained" and v.length == 0
+    assert v.node == 0  # no steps: the report stands on the initial state, not on some other one
     assert "no state reachable has A at D_active, a drained core" in v.message
     assert reproduce(goals_exp.scenario, [], "unreachable_goal", "A active and drained").reproduced
     assert not reproduce(goals_exp.scenario, [], "unreachable_goal", "A reserved").reproduced

@@ -428,6 +428,22 @@ def test_agg_sequence_outgrowing_pool_is_a_livelock(workers):
     assert d.admitted == (uuid_from_int(1),)
 
 
+def test_livelock_diagnosis_counts_free_blocks_as_total_minus_active():
+    """LIVE-3: the diagnosis reports the worker's free blocks as the CORE-6 metrics give them:
+    total minus active. A running 32-token request on a 10-block pool of 16 holds at least its two
+    prompt blocks, so free is below total, and the two readings must agree."""
+    from model.protocol import DirectRequest, Submit
+    from model.replay.livelock import diagnose
+
+    core = C.new_core(_args(num_gpu_blocks=10, block_size=16))
+    core, _ = C.apply_command(core, Submit(DirectRequest(tuple(range(32)), 4, uuid="r")))
+    core, _ = C.execute_pass(core, 0.0)
+    m = C.metrics(core)
+    assert m.active_decode_blocks >= 2
+    d = diagnose("single", "aggregated", 0, 0.0, core, 1, ())
+    assert (d.total_blocks, d.free_blocks) == (10, 10 - m.active_decode_blocks)
+
+
 def test_decode_pool_exact_fit_is_a_livelock():
     """LIVE-5: decode N=1, ISL 16 = B, OSL 2 spins upstream."""
     with pytest.raises(ReplayLivelock):
