@@ -1421,3 +1421,23 @@ def test_trtllm_failed_allocation_keeps_partial_blocks_without_preempting():
     assert core.num_active_blocks() == 4
     assert kvm.get_prefill_cost(core.value.kv, x.sequence).active_cached_tokens == 4
     assert (p.fpm.num_prefill_requests, p.fpm.num_decode_requests) == (0, 0)
+
+
+
+def test_dropping_a_request_that_never_allocated_does_not_bump_the_generation():
+    """VLLM-17, VGEN-1: cancelling a pending source that is still waiting (no pass ran, so it holds
+    no block and is no running member) frees nothing and leaves the capacity generation at 0. A
+    40-token source with an 8-token chunked budget is still prefilling after one pass: it holds
+    blocks and runs, so its cancel bumps the generation (the pass itself bumps nothing: it neither
+    frees nor preempts)."""
+    core = Core(args(worker_type="prefill", block_size=4, num_gpu_blocks=64, max_num_batched_tokens=8,
+                     enable_chunked_prefill=True))
+    core.submit_prefill(u(1), request(u(11), range(0, 40), 1))
+    assert core.cancel_source(u(1)) == APPLIED
+    assert core.is_drained() and core.value.ledger.capacity_generation == 0
+    core.submit_prefill(u(2), request(u(12), range(0, 40), 1))
+    core.execute(0.0)
+    assert core.running == [u(12)] and core.num_active_blocks() == 2
+    before = core.value.ledger.capacity_generation
+    assert before == 0
+    assert core.cancel_source(u(2)) == APPLIED and core.value.ledger.capacity_generation == before + 1
