@@ -303,11 +303,11 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
         if fmt == "mooncake-delta" and setup.is_disagg:  # WL-18 (entrypoints.rs:308-310, 726-728)
             raise InvalidInput("trace_format", fmt, "mooncake-delta trace format is not supported for disaggregated "
                                "replay", rule="WL-18")
+        tbs = job.get("trace_block_size", DEFAULT_TRACE_BLOCK_SIZE)  # WL-5
         if job.get("replay_concurrency") is not None:  # WL-20: the concurrency workload driver
-            return load_concurrency_trace_file(job["trace_file"], job.get("trace_block_size", DEFAULT_TRACE_BLOCK_SIZE),
-                                               validate=not setup.is_disagg,
+            return load_concurrency_trace_file(job["trace_file"], tbs, validate=not setup.is_disagg,
                                                accumulate_deltas=fmt == "mooncake-delta")
-        return load_trace_file(job["trace_file"], job.get("trace_block_size", DEFAULT_TRACE_BLOCK_SIZE), ratio, fmt)
+        return load_trace_file(job["trace_file"], tbs, ratio, fmt)
     s = job["synthetic"]
     args = setup.prefill_args if setup.is_disagg else setup.engine_args
     block_size = args.block_size if args is not None else 64
