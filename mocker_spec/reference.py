@@ -529,12 +529,19 @@ def load_case(case_dir: str | os.PathLike[str]) -> Tuple[Dict[str, Any], Outcome
     status = read_input_file(d / "expected.status").strip() if (d / "expected.status").exists() else "ok"
     if status == "ok":
         summary = read_input_file(d / "expected.summary.json", parse_json=True)
-        rows = read_input_file(d / "expected.report.jsonl", lines=True)
+        if not isinstance(summary, dict):
+            raise CaseError(f"{d / 'expected.summary.json'}: not a JSON object")
+        report = d / "expected.report.jsonl"
+        rows = read_input_file(report, lines=True)
+        for n, row in enumerate(rows, 1):
+            if not isinstance(row, dict):
+                raise CaseError(f"{report}: row {n} is not a JSON object")
         return job, Outcome("ok", "", summary, rows)
     if status == "timeout":
         return job, Outcome("timeout", "the reference never finished")
-    msg = status[len("error:"):].strip() if status.startswith("error:") else status
-    return job, Outcome("error", msg)
+    if not status.startswith("error:"):
+        raise CaseError(f"{d / 'expected.status'}: {status[:60]!r} is not 'ok', 'timeout' or 'error: <message>'")
+    return job, Outcome("error", status[len("error:"):].strip())
 
 
 def check_case(case_dir: str | os.PathLike[str]) -> Tuple[Outcome, Outcome, Optional[Divergence]]:

@@ -258,6 +258,33 @@ def test_unreadable_files_are_one_line_errors(tmp_path, capsys):
     _one_error_line(capsys, "expected.summary.json: cannot read")
 
 
+def test_a_corpus_case_with_a_malformed_recorded_outcome_is_bad_input(tmp_path, capsys):
+    """A recorded outcome of the wrong shape is named in one line with exit 2, before any case
+    runs: a summary that is not an object (a list crashed the comparison with a traceback, and
+    ``null`` skipped the summary silently, so the case read as identical), a report row that is
+    not an object (it counted as a row), and a status that is not one of the three forms of the
+    corpus layout (tests/goldens/refcases/README.md; it was taken for an error message)."""
+    import shutil
+
+    good = ROOT / "tests" / "goldens" / "refcases" / "case-1-037"
+    bad = {
+        "expected.summary.json": ("[1]", "expected.summary.json: not a JSON object"),
+        "expected.report.jsonl": ('{"a": 1}\n\n[1, 2]\n', "expected.report.jsonl: row 2 is not a JSON object"),
+        "expected.status": ("finished\n", "expected.status: 'finished' is not 'ok', 'timeout' or"),
+    }
+    for name, (text, message) in bad.items():
+        corpus = tmp_path / name
+        shutil.copytree(good, corpus / "c1")
+        (corpus / "c1" / name).write_text(text)
+        assert main(["diff", "--corpus", str(corpus)]) == 2
+        _one_error_line(capsys, message)
+    corpus = tmp_path / "null-summary"
+    shutil.copytree(good, corpus / "c1")
+    (corpus / "c1" / "expected.summary.json").write_text("null")
+    assert main(["diff", "--corpus", str(corpus)]) == 2
+    _one_error_line(capsys, "expected.summary.json: not a JSON object")
+
+
 def test_vectors_refuses_a_library_with_a_bad_scenario(tmp_path, capsys):
     """VEC-2: a scenario file that is not valid for its own engine is named, exit 2, nothing
     written (a non-UTF-8 file raised a traceback; an invalid one was only noted in the README)."""
