@@ -106,13 +106,22 @@ def test_plain_engine_agrees_with_the_model(oracle_harness):
     oracle_harness(PlainHandoffEngine, max_examples=150, steps=20, name="PlainHandoffEngineMachine", **PLAIN)
 
 
+#: runs each injected bug may take to be found (HARN-10).  Derandomized draws are repeatable in one
+#: process history but not across histories: Hypothesis's choices also depend on what the process
+#: did before the test.  ``no_bump_on_reservation_cancel`` took 81 runs when its test ran alone and
+#: 740 after the CLI module had been imported; a budget of 300 held only in the suite's default
+#: order.  The other five took 5-46 runs either way.  The run stops at the first divergence, so the
+#: budget costs time only when a bug is missed.
+BUG_BUDGET = 3000
+
+
 @pytest.mark.parametrize("bug", PlainHandoffEngine.BUGS)
 def test_every_injected_bug_is_caught_with_a_short_counterexample(bug):
     """HARN-6 / HARN-10: each bug is found and reduced to at most 8 steps; the counterexample is a
     step trace that `mocker-spec check` rejects at its last step, and the bug-free engine passes it.
     (Step deletion alone here; the next test adds Hypothesis's own shrinking.)"""
     with pytest.raises(T.OracleMismatch) as caught:
-        T.run_oracle(lambda: PlainHandoffEngine(bug), max_examples=300, steps=20, name=f"Plain_{bug}",
+        T.run_oracle(lambda: PlainHandoffEngine(bug), max_examples=BUG_BUDGET, steps=20, name=f"Plain_{bug}",
                      shrink=False, **PLAIN)
     _check_counterexample(caught.value)
 
