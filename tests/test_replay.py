@@ -735,6 +735,20 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, needle
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_smallest_valid_numbers_are_accepted(tmp_path):
+    """The other side of the refusals above: WL-5's "greater than 0" takes a trace block size of 1,
+    and WL-20's cap takes 1 (a refusal of 1 passed every test before). The compiled build runs
+    the same trace at block size 1 too, identical to the model (`mocker-spec diff` on it)."""
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"timestamp": 0, "input_length": 3, "output_length": 2, "hash_ids": [1, 2, 3]}\n')
+    summ = tmp_path / "s.json"
+    for extra in (["--trace-block-size", "1"], ["--replay-concurrency", "1"]):
+        summ.unlink(missing_ok=True)
+        argv = ["replay", str(t), "--trace-block-size", "1", *extra, "--summary-json", str(summ), "--no-progress"]
+        assert cli.main(argv) == 0, extra
+        assert json.loads(summ.read_text())["completed_requests"] == 1
+
+
 def test_cli_bad_trace_row_exits_2(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "hash_ids": [1]}\n')
