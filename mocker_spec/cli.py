@@ -316,20 +316,23 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
         if not dirs:
             messages.error(f"--corpus={args.corpus!r}: no case directories (case.json) found")
             return EXIT_BAD_INPUT
-        from .reference import CaseError, check_loaded_case, load_case
+        from .reference import CaseError, load_case
 
+        if args.jobs < 1:
+            messages.error(f"--jobs={args.jobs}: must be at least 1")
+            return EXIT_BAD_INPUT
         try:  # every case read once, before any runs
             loaded = [(d, load_case(d)) for d in dirs]
         except CaseError as exc:
             messages.error(f"--corpus={args.corpus!r}: {exc}")
             return EXIT_BAD_INPUT
+        results = _check_corpus(loaded, args.jobs, progress=not args.no_progress and len(loaded) > 1)
         table = Table(title=messages.literal(f"mocker-spec diff --corpus {args.corpus}"))
         for c in ("case", "mode", "engine", "result", "detail"):
             table.add_column(c)
         same = 0
         fid7 = 0
-        for d, (case, ref) in loaded:
-            ours, ref, div = check_loaded_case(dict(case), ref)
+        for (d, (case, _)), (ours, ref, div) in zip(loaded, results):
             engine = (case.get("engine_args") or case.get("prefill_engine_args") or {}).get("engine_type", "vllm")
             if div is None:
                 same += 1
@@ -383,6 +386,46 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     if hint is not None:
         messages.say(console, f"{hint} (spec/fidelity.md FID-7)")
     return EXIT_DIFF
+
+
+def _check_one_case(item):
+    """One corpus case on the model (a worker process's task for ``diff --corpus --jobs``)."""
+    from .reference import check_loaded_case
+
+    case, ref = item
+    return check_loaded_case(dict(case), ref)
+
+
+def _check_corpus(loaded, jobs: int, progress: bool) -> list:
+    """``(ours, ref, divergence)`` for every loaded case, in the cases' order, with ``jobs`` worker
+    processes (1: in this process) and a transient progress bar on standard error."""
+    from contextlib import ExitStack
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    results: list = [None] * len(loaded)
+    with ExitStack() as stack:
+        advance = lambda: None  # noqa: E731
+        err = Console(stderr=True)
+        if progress and err.is_terminal:  # a redirected standard error gets no bar (and no stray newline)
+            bar = stack.enter_context(Progress(TextColumn("diff"), BarColumn(), MofNCompleteColumn(),
+                                               TimeElapsedColumn(), console=err, transient=True))
+            task = bar.add_task("diff", total=len(loaded))
+            advance = lambda: bar.advance(task)  # noqa: E731
+        items = [cr for _, cr in loaded]
+        if jobs == 1 or len(loaded) == 1:
+            for i, item in enumerate(items):
+                results[i] = _check_one_case(item)
+                advance()
+            return results
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(jobs, len(loaded))))
+        futures = {pool.submit(_check_one_case, item): i for i, item in enumerate(items)}
+        for fut in as_completed(futures):
+            results[futures[fut]] = fut.result()
+            advance()
+    return results
 
 
 def _add_replay_flags(p: argparse.ArgumentParser) -> None:
@@ -490,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_replay_flags(p)
     p.add_argument("--corpus", help="compare every case directory under this path with its recorded outputs")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="with --corpus: run the cases in this many worker processes (default 1)")
+    p.add_argument("--no-progress", action="store_true", help="with --corpus: never show the progress bar")
     p.set_defaults(func=cmd_diff, report_jsonl=None)
     p = sub.add_parser("gen-cases", help="write seeded random replay cases (refcases layout), optionally recorded")
     p.add_argument("--out", required=True, help="directory to write the case directories into")

@@ -1161,3 +1161,27 @@ def test_fid7_signature_names_the_request_and_nothing_else(capsys):
     assert main(["diff", "--corpus", str(DIVERGENT)]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert f"{len(FID7_CASES)} of the {len(FID7_CASES) + 1} difference(s) carry FID-7's signature" in out
+
+
+def test_cli_diff_corpus_jobs_gives_the_same_table_in_the_same_order(tmp_path, capsys):
+    """``diff --corpus --jobs N`` runs the cases in N worker processes: the table, its row order,
+    the differences, the FID-7 count and the exit status are those of one process.  A corpus of
+    identical, differing and hanging cases (the divergent goldens plus three goldens)."""
+    import shutil
+
+    for d in DIVERGENT.iterdir():
+        if (d / "case.json").exists():
+            shutil.copytree(d, tmp_path / d.name)
+    for name in ("case-1-037", "gen-1-0136", "zero-output-vllm-single"):
+        shutil.copytree(GOLDENS / name, tmp_path / name)
+    runs = {}
+    for jobs in ("1", "3"):
+        assert cli.main(["diff", "--corpus", str(tmp_path), "--jobs", jobs]) == 1
+        cap = capsys.readouterr()
+        runs[jobs] = cap.out
+        assert cap.err == ""  # no bar when standard error is not a terminal
+    assert runs["1"] == runs["3"]
+    assert "3/7 identical" in runs["1"] and "differs" in runs["1"]
+    assert cli.main(["diff", "--corpus", str(tmp_path), "--jobs", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--jobs=0: must be at least 1" in err and len(err.strip().splitlines()) == 1
