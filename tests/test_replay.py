@@ -1044,6 +1044,27 @@ def test_casegen_large_variant_grows_traces_and_worker_counts_with_valid_setups(
     assert min(sizes) >= 40 and max(sizes) >= 150 and max(workers) >= 6
 
 
+def test_casegen_large_variant_grows_a_pool_exactly_to_the_longest_prompt():
+    """A pool the appended rows outgrow gets the longest prompt's blocks plus one, and a pool that
+    already holds it keeps its size.  Growth is rare (the plain pools are roomy), so this searches
+    three large families for it; keeping the pools as they were passed every other test."""
+    from mocker_spec.casegen import generate_case
+
+    grown = 0
+    for seed in (61, 193, 271):
+        for i in range(60):
+            base, _ = generate_case(seed, i)
+            case, rows = generate_case(seed, i, large=True)
+            longest = max(r["input_length"] for r in rows)
+            for key in ("engine_args", "prefill_engine_args", "decode_engine_args"):
+                if key in case:
+                    before, bs = base[key]["num_gpu_blocks"], base[key]["block_size"]
+                    need = -(-longest // bs) + 1
+                    assert case[key]["num_gpu_blocks"] == max(before, need)
+                    grown += need > before
+    assert grown >= 2
+
+
 def test_casegen_tiny_variant_draws_valid_edge_cases():
     """``gen-cases --tiny``: a case of its own per index (not the plain one), on pools of 1-8
     blocks with 1-4 requests, zero-output rows and prompts that outgrow the pool among them; every

@@ -385,3 +385,15 @@ def test_cli_check_runs_as_a_program(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "mocker_spec.cli", "check", str(good)], capture_output=True,
                           text=True, cwd=ROOT)
     assert proc.returncode == 0 and "conforms" in proc.stdout
+
+
+def test_a_trace_that_is_not_utf8_names_the_line_of_the_bad_byte(tmp_path):
+    """STEP-1: the refusal of a non-UTF-8 trace names the line holding the first bad byte (1-based),
+    like every other trace refusal."""
+    f = tmp_path / "t.jsonl"
+    f.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": "\xff"}\n')
+    with pytest.raises(S.BadTrace, match=r"^line 3: trace=.*: not UTF-8$"):
+        S.read_trace(f)
+    f.write_bytes(b"\xfe")
+    with pytest.raises(S.BadTrace, match=r"^line 1: "):
+        S.read_trace(f)
