@@ -301,6 +301,11 @@ BAD = [
     (lambda o: o[1]["effects"].update(end_ms=1.0), "line 2: effects.end_ms=1.0: not an effect of reserve_destination"),
     (lambda o: o[3].update(request=req("x", 1)), "line 4: request="),
     (lambda o: o[1]["effects"].update(error="X"), "line 2: effects.error='X': a step has a result or an error"),
+    # an error effect is the error kind, a non-empty string (a number or "" passed before)
+    (lambda o: (o[1]["effects"].pop("result"), o[1]["effects"].update(error=5)),
+     "line 2: effects.error=5: must be the error kind"),
+    (lambda o: (o[1]["effects"].pop("result"), o[1]["effects"].update(error="")),
+     "line 2: effects.error='': must be the error kind"),
 ]
 
 
