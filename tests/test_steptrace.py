@@ -260,6 +260,10 @@ def test_number_comparison_rules():
     assert S.compare_values(0, False, "x") is not None
     assert S.compare_values(1.0, 1.0 + 1e-12, "x") is not None
     assert S.compare_values(1.0, 1.0 + 1e-12, "x", rel_tol=1e-9) is None
+    # the tolerance is relative to the larger magnitude and includes its bound: |1 - 2| = 0.5 * 2
+    assert S.compare_values(1.0, 2.0, "x", rel_tol=0.5) is None
+    assert S.compare_values(-1.0, -2.0, "x", rel_tol=0.5) is None
+    assert S.compare_values(1.0, 2.0, "x", rel_tol=0.4999) is not None
     assert S.compare_values([1, 2], [1, 2, 3], "l").field == "l (length)"
     assert S.compare_values({"a": [1, {"b": 2}]}, {"a": [1, {"b": 3}]}, "o").field == "o.a[1].b"
     objs = recorded()
