@@ -326,7 +326,7 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
         except CaseError as exc:
             messages.error(f"--corpus={args.corpus!r}: {exc}")
             return EXIT_BAD_INPUT
-        results = _check_corpus(loaded, args.jobs, progress=not args.no_progress and len(loaded) > 1)
+        results = _map_cases(_check_one_case, [cr for _, cr in loaded], args.jobs, "diff", not args.no_progress)
         table = Table(title=messages.literal(f"mocker-spec diff --corpus {args.corpus}"))
         for c in ("case", "mode", "engine", "result", "detail"):
             table.add_column(c)
@@ -396,32 +396,32 @@ def _check_one_case(item):
     return check_loaded_case(dict(case), ref)
 
 
-def _check_corpus(loaded, jobs: int, progress: bool) -> list:
-    """``(ours, ref, divergence)`` for every loaded case, in the cases' order, with ``jobs`` worker
-    processes (1: in this process) and a transient progress bar on standard error."""
+def _map_cases(fn, items: list, jobs: int, label: str, progress: bool) -> list:
+    """``fn`` on every item, the results in the items' order, with ``jobs`` worker processes (1: in
+    this process) and a transient progress bar on standard error when it is a terminal.  ``fn``
+    must be picklable (a module-level function or a ``functools.partial`` of one)."""
     from contextlib import ExitStack
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    results: list = [None] * len(loaded)
+    results: list = [None] * len(items)
     with ExitStack() as stack:
         advance = lambda: None  # noqa: E731
         err = Console(stderr=True)
-        if progress and err.is_terminal:  # a redirected standard error gets no bar (and no stray newline)
-            bar = stack.enter_context(Progress(TextColumn("diff"), BarColumn(), MofNCompleteColumn(),
+        if progress and len(items) > 1 and err.is_terminal:  # no bar (and no stray newline) when redirected
+            bar = stack.enter_context(Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
                                                TimeElapsedColumn(), console=err, transient=True))
-            task = bar.add_task("diff", total=len(loaded))
+            task = bar.add_task(label, total=len(items))
             advance = lambda: bar.advance(task)  # noqa: E731
-        items = [cr for _, cr in loaded]
-        if jobs == 1 or len(loaded) == 1:
+        if jobs == 1 or len(items) == 1:
             for i, item in enumerate(items):
-                results[i] = _check_one_case(item)
+                results[i] = fn(item)
                 advance()
             return results
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
-        pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(jobs, len(loaded))))
-        futures = {pool.submit(_check_one_case, item): i for i, item in enumerate(items)}
+        pool = stack.enter_context(ProcessPoolExecutor(max_workers=min(jobs, len(items))))
+        futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
         for fut in as_completed(futures):
             results[futures[fut]] = fut.result()
             advance()
@@ -477,6 +477,9 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     if problem:
         messages.error(f"--out={args.out!r}: {problem}")
         return 2
+    if args.jobs < 1:
+        messages.error(f"--jobs={args.jobs}: must be at least 1")
+        return 2
     if args.tiny and args.large:
         messages.error("--tiny and --large: cannot be combined (tiny cases draw their own pools)")
         return 2
@@ -485,19 +488,18 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
-    from .reference import record_case
+    import functools
 
+    from .reference import reference_available, record_case
+
+    if not reference_available():
+        messages.error("the compiled reference is not installed (pip install -e '.[reference]')")
+        return 2
     counts: dict = {}
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("recording the reference", total=len(dirs))
-        for d in dirs:
-            status = record_case(d, timeout_s=args.timeout)
-            if status.startswith("error: compiled reference not installed"):
-                messages.error("the compiled reference is not installed (pip install -e '.[reference]')")
-                return 2
-            key = status if not status.startswith("error") else "error"
-            counts[key] = counts.get(key, 0) + 1
-            progress.advance(task)
+    record = functools.partial(record_case, timeout_s=args.timeout)
+    for status in _map_cases(record, dirs, args.jobs, "recording the reference", not args.no_progress):
+        key = status if not status.startswith("error") else "error"
+        counts[key] = counts.get(key, 0) + 1
     console.print("recorded: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     return 0
 
@@ -554,6 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="edge cases: pools of 1-8 blocks, 1-4 requests, output lengths from 0 (gen*t-* cases)")
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
+    p.add_argument("--jobs", type=int, default=1, help="with --record: record in this many processes (default 1)")
+    p.add_argument("--no-progress", action="store_true", help="with --record: never show the progress bar")
     p.set_defaults(func=cmd_gen_cases)
     _add_plugin_parsers(sub)
     return parser

@@ -239,6 +239,18 @@ def run_script(script: str, payload: Mapping[str, Any], timeout_s: float,
     return False, proc.returncode, tail.finish(proc)
 
 
+def reference_available(python: str = sys.executable) -> bool:
+    """Whether ``python`` can import the compiled reference (checked in a child process, so this
+    process never loads the compiled library)."""
+    import subprocess
+
+    try:
+        return subprocess.run([python, "-c", "import dynamo._core"], stdin=subprocess.DEVNULL,
+                              capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def run_reference(job: Mapping[str, Any], timeout_s: float = 60.0, python: str = sys.executable) -> Outcome:
     """Run the compiled reference on ``job`` in a subprocess (:func:`run_script`); a run over
     ``timeout_s`` is a hang."""

@@ -107,7 +107,7 @@ def test_gen_cases_flags_are_checked(tmp_path, capsys):
     _one_error_line(capsys, "--out", "not a directory")
     for flags, fragment in ((["--start", "-1"], "--start=-1"), (["--timeout", "0"], "--timeout=0.0"),
                             (["--timeout", "nan"], "--timeout=nan"), (["--count", "0"], "--count=0"),
-                            (["--tiny", "--large"], "--tiny and --large")):
+                            (["--tiny", "--large"], "--tiny and --large"), (["--jobs", "0"], "--jobs=0")):
         assert main(["gen-cases", "--out", str(tmp_path / "cases"), *flags]) == 2
         _one_error_line(capsys, fragment)
     assert not (tmp_path / "cases").exists()
@@ -300,3 +300,15 @@ def test_vectors_refuses_a_library_with_a_bad_scenario(tmp_path, capsys):
     assert main(["vectors", "--out", str(out), "--scenarios", str(lib), "--no-progress"]) == 2
     _one_error_line(capsys, "x.json: not UTF-8")
     assert not out.exists()
+
+
+def test_gen_cases_record_without_the_reference_is_refused_before_recording(tmp_path, capsys, monkeypatch):
+    """``gen-cases --record`` checks that the compiled reference can be imported before it records
+    anything (worker processes could not stop each other): exit 2, one line, no expected.* file."""
+    import mocker_spec.reference as R
+
+    monkeypatch.setattr(R, "reference_available", lambda python=None: False)
+    out = tmp_path / "cases"
+    assert main(["gen-cases", "--out", str(out), "--count", "2", "--record", "--jobs", "2"]) == 2
+    assert "compiled reference is not installed" in capsys.readouterr().err
+    assert sorted(p.name for p in out.rglob("expected.*")) == []

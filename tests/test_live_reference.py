@@ -96,3 +96,24 @@ def test_live_case_matches_reference(reference_python, tmp_path, name, index, co
     if ref.status == "ok":
         # the comparison saw every reference row
         assert len(ours.records) == len(ref.records) == len(rows)
+
+
+@pytest.mark.reference
+def test_gen_cases_records_in_worker_processes(reference_python, tmp_path, capsys):
+    """``gen-cases --record --jobs 2`` records the same outcomes as one process: the same statuses,
+    and the model agrees with both recordings (rows, order and sums of the reference itself vary
+    between its runs, FID-1, so the files are compared through ``diff --corpus``)."""
+    from mocker_spec.cli import main
+    from mocker_spec.reference import reference_available
+
+    assert reference_available(reference_python)
+    assert not reference_available(str(tmp_path / "no-such-python"))
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}"
+        assert main(["gen-cases", "--out", str(out), "--seed", str(SEED), "--count", "4", "--record",
+                     "--timeout", str(TIMEOUT_S), "--jobs", jobs, "--no-progress"]) == 0
+        assert main(["diff", "--corpus", str(out), "--jobs", jobs]) == 0
+    capsys.readouterr()
+    statuses = {jobs: sorted((d.name, (d / "expected.status").read_text()) for d in (tmp_path / f"jobs{jobs}").iterdir())
+                for jobs in ("1", "2")}
+    assert statuses["1"] == statuses["2"] and len(statuses["1"]) == 4
