@@ -458,8 +458,6 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     """Write seeded cases; with --record, run the compiled reference on each (progress bar)."""
     from pathlib import Path
 
-    from rich.progress import Progress
-
     from .casegen import write_cases
 
     import math
@@ -483,6 +481,11 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     if args.tiny and args.large:
         messages.error("--tiny and --large: cannot be combined (tiny cases draw their own pools)")
         return 2
+    from .reference import reference_available, record_case
+
+    if args.record and not reference_available():  # before anything is written
+        messages.error("the compiled reference is not installed (pip install -e '.[reference]')")
+        return 2
     dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency, args.extra_args,
                        args.sessions, args.large, args.tiny)
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
@@ -490,11 +493,6 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
         return 0
     import functools
 
-    from .reference import reference_available, record_case
-
-    if not reference_available():
-        messages.error("the compiled reference is not installed (pip install -e '.[reference]')")
-        return 2
     counts: dict = {}
     record = functools.partial(record_case, timeout_s=args.timeout)
     for status in _map_cases(record, dirs, args.jobs, "recording the reference", not args.no_progress):
