@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -1127,3 +1127,37 @@ class KvMachine(RuleBasedStateMachine):
 
 TestKvMachine = KvMachine.TestCase
 TestKvMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def _leftist_ok(node) -> int:
+    """The size of a well-formed leftist heap (KV-16's eviction index), or an AssertionError: each
+    node's rank is one more than its right child's, the left rank is never smaller than the right,
+    and no child holds a smaller tick than its parent."""
+    if node is None:
+        return 0
+    rank, tick, _key, left, right = node
+    rl, rr = (left[0] if left else 0), (right[0] if right else 0)
+    assert rank == rr + 1 and rl >= rr, node
+    assert all(child is None or child[1] >= tick for child in (left, right))
+    return 1 + _leftist_ok(left) + _leftist_ok(right)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=40), st.lists(st.integers(0, 50), max_size=40))
+def test_eviction_heap_stays_leftist_and_pops_in_tick_order(built, pushed):
+    """KV-16's index is a persistent leftist min-heap: built in one go or pushed one by one, it
+    stays leftist (so a pop walks a logarithmic spine) and pops ticks in ascending order.  A
+    wrong rank would keep the order and lose only the balance, which no behaviour test sees."""
+    from model.vllm_kv import _heap_build, _heap_merge, _heap_push
+
+    heap = _heap_build((t, ("k", i)) for i, t in enumerate(built))
+    for i, t in enumerate(pushed):
+        heap = _heap_push(heap, t, ("p", i))
+        _leftist_ok(heap)
+    assert _leftist_ok(heap) == len(built) + len(pushed)
+    popped = []
+    while heap is not None:
+        popped.append(heap[1])
+        heap = _heap_merge(heap[3], heap[4])
+        _leftist_ok(heap)
+    assert popped == sorted(built + pushed)
