@@ -141,6 +141,22 @@ def test_prefill_cost_splits_active_and_inactive_cached_reuse():
     assert cost.active_cached_tokens == 0
 
 
+def test_prefill_cost_counts_the_blocks_left_to_compute():
+    # Rule: KV-11
+    # By hand: 8 prompt tokens in blocks of 4 are 2 blocks; the first one is cached, so
+    # overlap = 1, new_blocks = 2 - 1 = 1, new_tokens = 8 - 4 = 4, cached_tokens = 4.  Held by a
+    # running request it also counts as active (4 tokens); released, as inactive (0).
+    s = make_mgr(10, 4)
+    seq = new_sequence(1, range(8), 4, 4)
+    h0 = seq.unique_blocks[0].seq_hash
+    s, _ = use_full(s, h0, seq.plhs[0])
+    held = get_prefill_cost(s, seq)
+    assert (held.new_blocks, held.new_tokens, held.cached_tokens, held.active_cached_tokens) == (1, 4, 4, 4)
+    released = get_prefill_cost(deref_full(s, h0), seq)
+    assert (released.new_blocks, released.new_tokens, released.cached_tokens,
+            released.active_cached_tokens) == (1, 4, 4, 0)
+
+
 def test_use_rejects_short_token_ids_before_mutating_state():
     # Rule: KV-6
     s = make_mgr(10, 4, capture=True)
