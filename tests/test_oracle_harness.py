@@ -45,6 +45,14 @@ def test_engine_args_strategy_builds_valid_small_cores(obj):
     assert obj["engine_type"] in T.ENGINES
 
 
+def test_prompt_lengths_are_the_edges_and_fractions_of_the_maximum():
+    """HARN-2: 0 and 1 token, then a quarter, a third, half, two thirds, three quarters and all of
+    ``max_prompt`` (for 24: 6, 8, 12, 16, 18, 24; for 40: 10, 13, 20, 26, 30, 40), no repeats."""
+    assert T.prompt_lengths(24) == (0, 1, 6, 8, 12, 16, 18, 24)
+    assert T.prompt_lengths(40) == (0, 1, 10, 13, 20, 26, 30, 40)
+    assert T.prompt_lengths(4) == (0, 1, 2, 3, 4)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(T.requests(prompts="private"), T.requests(prompts="shared"))
 def test_request_strategy_universe_and_prompts(private, shared):
