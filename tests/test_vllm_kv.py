@@ -131,18 +131,6 @@ def test_use_single_full_block():
 
 def test_prefill_cost_splits_active_and_inactive_cached_reuse():
     # Rule: KV-11
-    s = make_mgr(10, 4)
-    seq = new_sequence(1, range(8), 4, 4)
-    h0 = seq.unique_blocks[0].seq_hash
-    s, _ = use_full(s, h0, seq.plhs[0])
-    s = deref_full(s, h0)
-    cost = get_prefill_cost(s, seq)
-    assert cost.cached_tokens >= 4
-    assert cost.active_cached_tokens == 0
-
-
-def test_prefill_cost_counts_the_blocks_left_to_compute():
-    # Rule: KV-11
     # By hand: 8 prompt tokens in blocks of 4 are 2 blocks; the first one is cached, so
     # overlap = 1, new_blocks = 2 - 1 = 1, new_tokens = 8 - 4 = 4, cached_tokens = 4.  Held by a
     # running request it also counts as active (4 tokens); released, as inactive (0).
