@@ -239,16 +239,27 @@ def run_script(script: str, payload: Mapping[str, Any], timeout_s: float,
     return False, proc.returncode, tail.finish(proc)
 
 
-def reference_available(python: str = sys.executable) -> bool:
-    """Whether ``python`` can import the compiled reference (checked in a child process, so this
-    process never loads the compiled library)."""
+def reference_problem(python: str = sys.executable) -> Optional[str]:
+    """Why ``python`` cannot import the compiled reference, or None when it can (checked in a
+    child process, so this process never loads the compiled library)."""
     import subprocess
 
     try:
-        return subprocess.run([python, "-c", "import dynamo._core"], stdin=subprocess.DEVNULL,
-                              capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+        proc = subprocess.run([python, "-c", "import dynamo._core"], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "importing the compiled reference (dynamo._core) did not finish within 120 s"
+    except OSError as exc:
+        return f"cannot run {python!r}: {exc.strerror or exc}"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"the compiled reference ai-dynamo-runtime==1.3.0.post1 is not importable ({last})"
+    return None
+
+
+def reference_available(python: str = sys.executable) -> bool:
+    """Whether ``python`` can import the compiled reference (:func:`reference_problem`)."""
+    return reference_problem(python) is None
 
 
 def run_reference(job: Mapping[str, Any], timeout_s: float = 60.0, python: str = sys.executable) -> Outcome:

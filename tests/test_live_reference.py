@@ -15,7 +15,6 @@ tests skip and say why.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -56,15 +55,11 @@ CASES = _pick_cases() + _pick_cases(concurrency=True)
 @pytest.fixture(scope="module")
 def reference_python():
     """The interpreter that can import the compiled reference, or a skip with the reason."""
-    try:
-        proc = subprocess.run([sys.executable, "-c", "import dynamo._core"], capture_output=True,
-                              text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.skip("importing the compiled reference (dynamo._core) did not finish within 120 s")
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
-        pytest.skip("the compiled reference ai-dynamo-runtime==1.3.0.post1 is not importable "
-                    f"({last}); install it with pip install -e '.[test,reference]'")
+    from mocker_spec.reference import reference_problem
+
+    problem = reference_problem(sys.executable)
+    if problem is not None:
+        pytest.skip(f"{problem}; install it with pip install -e '.[test,reference]'")
     return sys.executable
 
 
