@@ -230,6 +230,21 @@ def test_agg_multi_worker_concurrency_counts_worker_in_flight():
     assert arrivals[:2] == [0.0, 0.0] and arrivals[2] > 0.0
 
 
+def test_agg_concurrency_releases_every_free_slot_before_the_first_pass():
+    """DRV-2/DRV-12: at cap 3 the flat queue releases three requests in one drain, before any
+    pass starts, so worker 0 gets requests 1 and 3 (round robin) and admits both in its first
+    pass at 0 ms.  Releasing one request per drain would start worker 0's pass on request 1
+    alone and leave request 3 queued behind it."""
+    setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=256), num_workers=2, replay_concurrency=3)
+    reqs = [attrs.evolve(_req(i, 32, 3, 0.0), arrival_timestamp_ms=None) for i in range(1, 5)]
+    _, _, recs = _run(setup, reqs)
+    first = [recs[uuid_from_int(i)] for i in (1, 2, 3)]
+    assert [r.decode_worker_idx for r in first] == [0, 1, 0]
+    assert [r.arrival_time_ms for r in first] == [0.0, 0.0, 0.0]
+    assert [r.first_admit_ms for r in first] == [0.0, 0.0, 0.0]
+    assert recs[uuid_from_int(4)].arrival_time_ms > 0.0
+
+
 def test_agg_same_timestamp_arrival_joins_next_pass():
     """DRV-12: completions first, then arrivals at the same time, then new passes."""
     setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=256), num_workers=2)

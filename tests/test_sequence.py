@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model.errors import InternalInvariantBroken, InvalidInput
-from model.hashing import Plh, block_hashes, sequence_hashes, tokens_hash
+from model.hashing import Plh, block_hashes, plh_fragment_bits, sequence_hashes, tokens_hash
 from model.sequence import (
     Deref,
     FullBlock,
@@ -217,6 +217,38 @@ def test_prompt_identities_follow_hash_rules():
     assert seq.unique_blocks[3] == PartialBlock(3, 3)
     assert list(seq.plhs) == [Plh.new(chained[i], chained[i - 1] if i else None, i) for i in range(3)]
     assert local[0] == tokens_hash(prompt[:8])
+
+
+def test_hash4_fragment_widths_and_packing():
+    # Rule: HASH-4.  Widths by hand from upstream's bit_layout (tokens.rs): mode 0 keeps
+    # 8 position bits and a 54-bit parent fragment below position 256, mode 1 16 and 46
+    # below 65 536, mode 2 24 and 38 below 2^24; 2 + P + 64 + R = 128 in every mode.
+    for pos, bits in ((0, 54), (255, 54), (256, 46), (65_535, 46), (65_536, 38), ((1 << 24) - 1, 38)):
+        assert plh_fragment_bits(pos) == bits
+        plh = Plh.new(0xFFFF_FFFF_FFFF_FFFF, (1 << 64) - 1, pos)
+        assert plh.parent_fragment == (1 << bits) - 1
+    with pytest.raises(OverflowError):
+        plh_fragment_bits(1 << 24)
+    # The packing [mode | position | current | parent fragment], by hand:
+    # position 5 (mode 0): 5 << (64 + 54) | 0xABC << 54 | 0x123
+    assert Plh.new(0xABC, 0x123, 5).as_u128() == (5 << 118) | (0xABC << 54) | 0x123
+    # position 300 (mode 1): 1 << 126 | 300 << (64 + 46) | 0xABC << 46 | 0x123
+    assert Plh.new(0xABC, 0x123, 300).as_u128() == (1 << 126) | (300 << 110) | (0xABC << 46) | 0x123
+    # position 70 001 (mode 2, odd, so the position's lowest bit shows): 2 << 126 | ...
+    assert Plh.new(0xABC, 0x123, 70_001).as_u128() == (2 << 126) | (70_001 << 102) | (0xABC << 38) | 0x123
+
+
+def test_partial_block_is_named_by_its_index_at_block_size_2():
+    # Rule: SEQ-5, SEQ-7.  A partial block is named (request key, block index); at block
+    # size 2 a new token at length 2k + 1 opens block k (k + 1 would only be right for
+    # larger block sizes by the floor's accident).
+    seq, _ = new_with_signal([1, 2, 3], 4, 2, key=9)  # blocks [full 0, partial 1]
+    assert seq.unique_blocks[-1] == PartialBlock(9, 1)
+    seq, _ = push(seq)  # length 4: block 1 fills, no signal
+    seq, signals = push(seq)  # length 5 = 2*2 + 1: block 2 opens
+    assert seq.unique_blocks[-1] == PartialBlock(9, 2)
+    assert signals[-1] == Use((PartialBlock(9, 2),))
+    assert [b.index for b in seq.unique_blocks if isinstance(b, PartialBlock)] == [len(seq.unique_blocks) - 1]
 
 
 def test_prompt_aligned_has_no_partial_block():
