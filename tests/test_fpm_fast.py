@@ -28,3 +28,12 @@ def test_accept_length_sample_counts_distinct_requests():
     signals = [S("A", False), S("B", False), S("A", False), S("C", True, rejected=True), S("D", True)]
     assert fpm.accept_length_sample(signals) == (4, 3)
     assert fpm.accept_length_sample(iter(signals)) == (4, 3)
+
+
+def test_an_empty_pass_snapshot_is_the_default_snapshot():
+    # FPM-2: upstream's snapshot derives Default (every count, sum and variance 0); a pass that
+    # schedules and queues nothing builds exactly that value, and has no scheduled work (FPM-4).
+    empty = fpm.build_fpm_snapshot([], [], [], [], 0.0)
+    assert empty == fpm.ForwardPassSnapshot()
+    assert all(getattr(empty, f) == 0 for f in ("num_queued_decode", "num_queued_prefill", "num_decode_requests"))
+    assert not empty.has_scheduled_work()

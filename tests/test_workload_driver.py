@@ -9,6 +9,7 @@ import pytest
 
 from model.replay.admission import WorkloadAdmission, WorkloadDriver
 from model.replay.common import ReplayError
+from model.report import uuid_from_int
 from model.workload import SessionTrace, Trace, TurnTrace
 
 
@@ -71,6 +72,13 @@ def test_ties_pop_by_session_index_and_uuids_follow_release_order():
     ready = WorkloadDriver(t).pop_ready(0.0)
     assert [r.session_id for r, _ in ready] == ["z", "y", "x"]
     assert [r.uuid for r, _ in ready] == sorted(r.uuid for r, _ in ready)
+    # DRV-17: the k-th turn released gets uuid k, counted from 1; ``released`` (LIVE-7) counts them
+    assert [r.uuid for r, _ in ready] == [uuid_from_int(k) for k in (1, 2, 3)]
+    d = WorkloadDriver(t)
+    adm = WorkloadAdmission(d)
+    assert adm.released == 0
+    adm.drain_ready(0.0, 0)
+    assert adm.released == 3
 
 
 def test_delta_prompts_accumulate_per_session():
