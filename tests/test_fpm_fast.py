@@ -37,3 +37,6 @@ def test_an_empty_pass_snapshot_is_the_default_snapshot():
     assert empty == fpm.ForwardPassSnapshot()
     assert all(getattr(empty, f) == 0 for f in ("num_queued_decode", "num_queued_prefill", "num_decode_requests"))
     assert not empty.has_scheduled_work()
+    # one scheduled prefill (prompt 8, no prefix, 8 computed) or one scheduled decode is work
+    assert fpm.build_fpm_snapshot([(8, 0, 8)], [], [], [], 0.0).has_scheduled_work()
+    assert fpm.build_fpm_snapshot([], [9], [], [], 0.0).has_scheduled_work()

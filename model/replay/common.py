@@ -195,7 +195,7 @@ def made_progress(result) -> bool:
     if result.lifecycle_events or result.kv_events:
         return True
     fpm = result.fpm
-    return fpm is not None and (fpm.num_prefill_requests > 0 or fpm.num_decode_requests > 0)
+    return fpm is not None and fpm.has_scheduled_work()  # FPM-4
 
 
 class Pool:
