@@ -11,6 +11,7 @@ from typing import Iterable, Tuple
 import attrs
 
 from .protocol import OutputSignal
+from .timing import f64_as_u64
 
 
 @attrs.frozen
@@ -117,25 +118,16 @@ def build_fpm_snapshot(
         var_prefill_length=prefill.variance(),
         sum_prefill_kv_tokens=sum_prefill_kv_tokens,
         num_decode_requests=decode.count,
-        sum_decode_kv_tokens=_as_u64(decode.sum),
+        sum_decode_kv_tokens=f64_as_u64(decode.sum),
         var_decode_kv_tokens=decode.variance(),
         num_queued_prefill=queued_prefill.count,
-        sum_queued_prefill_tokens=_as_u64(queued_prefill.sum),
+        sum_queued_prefill_tokens=f64_as_u64(queued_prefill.sum),
         var_queued_prefill_length=queued_prefill.variance(),
         num_queued_decode=queued_decode.count,
-        sum_queued_decode_kv_tokens=_as_u64(queued_decode.sum),
+        sum_queued_decode_kv_tokens=f64_as_u64(queued_decode.sum),
         var_queued_decode_kv_tokens=queued_decode.variance(),
         wall_time_secs=wall_time_secs,
     )
-
-
-def _as_u64(x: float) -> int:
-    """Rust's saturating ``f64 as u64`` cast (truncation toward zero, NaN -> 0)."""
-    if x != x or x <= 0.0:
-        return 0
-    if x >= 18446744073709551615.0:
-        return 18446744073709551615
-    return int(x)
 
 
 def accept_length_sample(output_signals: Iterable[OutputSignal]) -> Tuple[int, int]:

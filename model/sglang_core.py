@@ -347,7 +347,7 @@ class _Txn:
             if extend <= cfg.chunked_prefill_size:
                 chunk = extend
             else:
-                chunk = (_usize(rem_chunk) // bs) * bs
+                chunk = (timing.f64_as_u64(rem_chunk) // bs) * bs
                 if chunk == 0:
                     rejected = req
                     break
@@ -738,15 +738,6 @@ class _Txn:
         if res is None:
             return None
         return ReservedSglangDecode(payload, res), res.transferable_prompt_tokens
-
-
-def _usize(x: float) -> int:
-    """Rust's saturating ``f64 as usize``."""
-    if x != x or x <= 0.0:
-        return 0
-    if x >= 18446744073709551615.0:
-        return USIZE_MAX
-    return int(x)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ from model.engine_args import EngineArgs, KvTransferTimingMode, WorkerType
 from model.errors import InternalInvariantBroken, rust_display
 
 NANOS_PER_SEC = 1_000_000_000
+#: the largest u64 (and usize on 64-bit targets)
+U64_MAX = 2**64 - 1
 
 #: largest representable ``Duration`` in nanoseconds (``u64::MAX`` seconds + 999_999_999 ns)
 _MAX_DURATION_NS = (2**64 - 1) * NANOS_PER_SEC + (NANOS_PER_SEC - 1)
@@ -71,6 +73,16 @@ def as_secs_f64(ns: int) -> float:
     """Rule: TIME-2. ``Duration::as_secs_f64``: ``secs as f64 + (subsec_nanos as f64) / 1e9``."""
     secs, nanos = divmod(ns, NANOS_PER_SEC)
     return float(secs) + float(nanos) / 1e9
+
+
+def f64_as_u64(x: float) -> int:
+    """Rust's saturating ``f64 as u64`` (and ``as usize`` on 64-bit targets): truncation toward
+    zero, NaN and anything at or below 0 to 0, ``2^64`` and above to ``2^64 - 1``."""
+    if x != x or x <= 0.0:
+        return 0
+    if x >= 18446744073709551615.0:  # this literal is the f64 2^64
+        return U64_MAX
+    return int(x)
 
 
 def duration_from_ms(ms: float) -> int:

@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 from model.engine_args import EngineArgs, KvTransferTimingMode, WorkerType, engine_args_from_json
 from model.errors import InternalInvariantBroken
 from model.timing import (
+    U64_MAX,
     HandoffTransferTiming,
     as_secs_f64,
     duration_from_ms,
     duration_from_secs,
+    f64_as_u64,
     floor_mean,
     pass_times,
     polynomial_decode_ms,
@@ -391,3 +393,14 @@ def test_time10_vllm_decode_zero_when_idle_or_prefill_worker():
     prefill = EngineArgs(num_gpu_blocks=100, block_size=16, worker_type="prefill")
     assert vllm_decode_duration_ns(3, 300, 10, prefill) == 0
     assert vllm_decode_duration_ns(1, 10, 1, agg) >= 1_000_000
+
+
+def test_f64_as_u64_saturates_like_rust():
+    # Rust's `f64 as u64` (FPM-2's queued and decode sums, SGLang's chunk budget): truncation
+    # toward zero; NaN, negatives and zero give 0; 2^64 (the nearest f64 to u64::MAX) and
+    # anything above give u64::MAX.  Values by hand.
+    assert U64_MAX == 18_446_744_073_709_551_615
+    assert [f64_as_u64(x) for x in (float("nan"), -3.7, -0.0, 0.0, 0.999, 7.9, 1e6)] == [0, 0, 0, 0, 0, 7, 1_000_000]
+    assert f64_as_u64(2.0**64) == U64_MAX and f64_as_u64(float("inf")) == U64_MAX
+    assert f64_as_u64(2.0**63) == 2**63  # exact below the bound
+    assert f64_as_u64(2.0**64 - 2048.0) == 2**64 - 2048  # the largest f64 below 2^64 is kept exactly
