@@ -564,6 +564,22 @@ def test_lpm_deprioritizes_duplicate_short_prefixes():
     assert [r.uuid.value for r in out].index(unique) == 1
 
 
+def test_lpm_in_batch_check_includes_exactly_32_cached_tokens():
+    """SG-10 at its bound (policy.rs:41 ``prefix_len <= 32``), derived by hand.  With 32 cached
+    tokens A and B (identical 40-token prompts) are still checked in-batch: A goes into the
+    throw-away tree, B then matches 40 >= 32 of it and sorts last: A, C, B.  With 33 cached
+    tokens neither is checked and the order is by cached length only: A, B, C."""
+    for cached, expected in ((32, [1, 3, 2]), (33, [1, 2, 3])):
+        kit = Kit(sg_args(block_size=1, speedup_ratio=1.0), total_tokens=1000, page_size=1,
+                  schedule_policy=SchedulePolicy.LPM)
+        tree = skv._Txn(kit.kv)
+        tree.tree.insert(tuple(range(cached)), tuple(range(cached)))
+        kit.core = attrs.evolve(kit.core, kv=tree.freeze())
+        waiting = [sreq(u(1), range(40), 1), sreq(u(2), range(40), 1), sreq(u(3), range(100, 140), 1)]
+        out = kit.apply_schedule_policy(waiting)
+        assert [r.uuid.value for r in out] == [u(i) for i in expected], cached
+
+
 # ---------------------------------------------------------------------------------------------
 # core_behavior (tests.rs:956-1371)
 # ---------------------------------------------------------------------------------------------
