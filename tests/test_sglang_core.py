@@ -604,6 +604,19 @@ def test_chunked_prefill_admits_next_chunk_when_full_prompt_does_not_fit():
     assert admit.can_run[0].materialized_tokens == 8
 
 
+def test_admitted_request_charges_its_output_reserve_against_the_rest_of_the_batch():
+    """SG-13, by hand: pool of T token slots, page 1, no running request, so the batch starts
+    with T to spend.  A (10-token prompt, 20 output tokens) costs 10 + 20 = 30 < T and is
+    admitted; the batch then has T - 30 left, and B costs 30 too.  T = 45: 15 left, B waits
+    (30 >= 15).  T = 61: 31 left, B is admitted."""
+    for total, admitted in ((45, [1]), (61, [1, 2])):
+        kit = Kit(sg_args(block_size=1, speedup_ratio=1.0), total_tokens=total, page_size=1)
+        waiting = [sreq(u(1), [1] * 10, 20), sreq(u(2), [2] * 10, 20)]
+        admit = kit.get_new_batch_prefill(waiting, 0.7)
+        assert [r.uuid.value for r in admit.can_run] == [u(i) for i in admitted], total
+        assert [r.uuid.value for r in waiting] == [u(i) for i in (1, 2) if i not in admitted]
+
+
 def test_chunked_prefill_subpage_budget_defers_next_request():
     """tests.rs:1020-1066.  SG-12, SGQ-6: after a 7-token prompt (charged 8) the chunk budget is 0;
     the next request goes back to the queue front."""
