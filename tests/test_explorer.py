@@ -175,7 +175,10 @@ def test_s10_leaks_under_a_correct_driver_through_a_retraction():
                      "reserve(hE,E)", "activate(hE)", "pass", "pass", "pass"]
     assert all(exp.scenario.actions[exp.edges[e].action].cooperative for e in v.steps())
     swapped = steps[:2] + ["release(hS)", "reserve(hD,D)"] + steps[4:]
-    assert not reproduce(sc, swapped, "drained_pool_free", "drained_pool_free", None).reproduced
+    miss = reproduce(sc, swapped, "drained_pool_free", "drained_pool_free", None)
+    assert not miss.reproduced and miss.message == "the final state is not a drained core holding KV"
+    hit = reproduce(sc, steps, "drained_pool_free", "drained_pool_free", None)
+    assert hit.reproduced and "drained" in hit.message and hit.message != miss.message
     raw = json.loads(path.read_text())
     raw["requests"][1]["segments"] = [["private", 2], ["d", 2]]
     private = explore(scenario_from_dict(raw), stop_on="drained_pool_free")
