@@ -350,7 +350,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
                 raise ScenarioError(f"{where}: handoff {handoff!r} already has a {role}")
             seen_handoffs.add((handoff, role))
         mot = r.get("max_output_tokens")
-        if not isinstance(mot, int) or mot < 0:
+        if not isinstance(mot, int) or isinstance(mot, bool) or mot < 0:
             raise ScenarioError(f"{where}.max_output_tokens must be an integer >= 0")
         requests.append(
             RequestSpec(rid, role, request_tokens(i, r, where), mot, handoff,
@@ -447,7 +447,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
                 else:
                     toks = request_tokens(len(requests) + i, req, f"{where}.request")
                     mot = req.get("max_output_tokens")
-                if not isinstance(mot, int) or mot < 0:
+                if not isinstance(mot, int) or isinstance(mot, bool) or mot < 0:
                     raise ScenarioError(f"{where}.request.max_output_tokens must be an integer >= 0")
                 request = DirectRequest(toks, mot, rid)
             else:
@@ -478,7 +478,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     max_states = bounds.get("max_states", 200_000)
     max_depth = bounds.get("max_depth", 10_000)
     for k, v in (("max_states", max_states), ("max_depth", max_depth)):
-        if not isinstance(v, int) or v < 1:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ScenarioError(f"bounds.{k} must be an integer >= 1")
     now_ms = obj.get("now_ms", 0.0)
     if not isinstance(now_ms, (int, float)) or isinstance(now_ms, bool) or now_ms < 0:
@@ -497,7 +497,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     if verdict == "violation" and kind is None:
         raise ScenarioError("expect.kind is required when expect.verdict is violation")
     max_steps = raw_expect.get("max_steps")
-    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 0):
+    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 0):
         raise ScenarioError("expect.max_steps must be an integer >= 0")
     defect = raw_expect.get("defect")
     if defect is not None and not isinstance(defect, str):

@@ -72,6 +72,14 @@ def test_quotient_derives_the_destination_lifecycle(s6):
     assert not any(u == "D_absent" for u, v, _ in labels)
     assert q.nodes["D_unissued"]["initial"]
     assert "stateDiagram-v2" in graphs.to_mermaid(q, state_diagram=True)
+    # the counts partition the explored graph: every state lies in one phase, and with projected
+    # self-loops kept every transition that has a successor lies on one edge
+    assert sum(d["states"] for _n, d in q.nodes(data=True)) == s6.num_states
+    full = graphs.quotient(s6, "hY", self_loops=True)
+    assert sum(d["count"] for _u, _v, d in full.edges(data=True)) == sum(1 for e in s6.edges if e.dst >= 0)
+    phase = {n: s6.views[n][0][graphs.handoff_keys(s6).index("hY")][1] for n in range(s6.num_states)}
+    moved = sum(1 for e in s6.edges if e.dst >= 0 and phase[e.src] != phase[e.dst])
+    assert sum(d["count"] for _u, _v, d in q.edges(data=True)) == moved
 
 
 def test_itf_traces_parse_with_itf_py(s6):
@@ -158,6 +166,12 @@ def test_deadlock_report_and_summary_carry_the_dead_end_diagnosis(tmp_path, caps
     (lambda d: d.update(expect={"verdict": "violation", "kind": "livelock", "defect": 7}), "expect.defect"),
     (lambda d: d.update(expect=[]), "scenario.expect"),
     (lambda d: d.update(now_ms=-1), "now_ms"),
+    # JSON true is not an integer (the schema's "integer"), although Python's bool is an int
+    (lambda d: d.update(expect={"verdict": "violation", "kind": "livelock", "max_steps": True}), "expect.max_steps"),
+    (lambda d: d.update(bounds={"max_states": 10, "max_depth": True}), "max_depth"),
+    (lambda d: d["requests"][0].update(max_output_tokens=True), "max_output_tokens"),
+    (lambda d: d.update(actions=[{"kind": "submit", "request": {"id": "Q", "prompt_len": 4,
+                                                                 "max_output_tokens": False}}]), "max_output_tokens"),
     (lambda d: d.update(description=5), "description"),
     (lambda d: d.update(bounds={"max_states": 0}), "max_states"),
     (lambda d: d["requests"][0].update(max_output_tokens=-1), "max_output_tokens"),
