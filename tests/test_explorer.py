@@ -325,39 +325,16 @@ def test_views_and_checks_match_each_nodes_own_core(name, monkeypatch):
 @pytest.mark.parametrize("name", ["s6-vllm-fresh-head-deadlock", "s8-sglang-half-prefill-deadlock",
                                   "s9-sglang-retracted-destination-deadlock"])
 def test_deadlock_occurrences_count_every_deadlocked_state(name):
-    """MC-30: a deadlock's occurrences are the states, out of all explored, that are not drained
-    and that no cooperative action changes or reports progress from; each is recomputed here from
-    the node's own core (rebuilt along its BFS-tree path) by firing every enabled action."""
-    from model import core as C
-    from explorer.actions import fire, guard_holds
-    from explorer.canon import node_key
-
+    """MC-30: a deadlock's occurrences are the explored states that are not drained and that no
+    cooperative action changes or reports progress from.  Each state's verdict is recomputed by
+    replaying its BFS-tree path on a fresh core and firing every enabled action (MC-46's check)."""
     sc = load_scenario(LIB / "known-defects" / f"{name}.json")
     exp = explore(sc, symmetry=False)
-    actions = sc.actions
-    cores = [C.new_core(sc.args)]
-    for node in range(1, exp.num_states):
-        e = exp.edges[exp.parent_edge[node]]
-        cores.append(fire(cores[e.src], actions[e.action], sc.now_ms)[0])
-
-    def deadlocked(core, fired):
-        if C.is_drained(core):
-            return False
-        here = node_key(core, fired, None)
-        for i, a in enumerate(actions):
-            if not a.cooperative or (a.once and fired >> i & 1):
-                continue
-            if a.guard != "always" and not guard_holds(core, a):
-                continue
-            new, out = fire(core, a, sc.now_ms)
-            if new is None:
-                continue
-            after = fired | (1 << i) if a.once else fired
-            if out.progress or node_key(new, after, None) != here:
-                return False
-        return True
-
-    expected = sum(1 for node, core in enumerate(cores) if deadlocked(core, exp.fired[node]))
+    names = [a.name for a in sc.actions]
+    expected = sum(
+        1 for node in range(exp.num_states)
+        if reproduce(sc, [names[exp.edges[e].action] for e in exp.path_to(node)], "deadlock").reproduced
+    )
     v = exp.violation("deadlock")
     assert expected > 0 and v is not None and v.occurrences == expected
 
