@@ -66,6 +66,12 @@ def test_s7_exact_command_order_from_the_notes_replays():
     steps = ["reserve(hX,X)", "reserve(hY,Y)", "activate(hY)", "pass", "pass"]
     assert reproduce(sc, steps, "livelock", "livelock", 4).reproduced
     assert reproduce(sc, steps, "progress_without_change", "pass").reproduced
+    # a step list the scenario cannot run is refused at the step that fails, counted from 1
+    for bad, why in ((["pass", "pass", "teleport"], "step 3: unknown action 'teleport'"),
+                     (["reserve(hX,X)", "pass", "reserve(hX,X)"], "step 3: reserve(hX,X) already fired"),
+                     (["pass", "pass", "activate(hY)"], "step 3: activate(hY) is not enabled")):
+        rep = reproduce(sc, bad, "livelock", "livelock", 0)
+        assert not rep.reproduced and rep.message == why
 
 
 def test_s6_deadlock_is_the_activated_fifo_head_of_line_block():
