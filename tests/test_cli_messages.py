@@ -71,6 +71,14 @@ def test_quotients_of_ids_spelling_the_same_file_name_are_all_written(tmp_path, 
     assert "hX" in (out / "quotient-hx.dot").read_text() and "hx" in (out / "quotient-hx-2.dot").read_text()
 
 
+def test_distinct_stems_count_up_past_every_taken_name():
+    """MC-47: repeats get -2, -3, ... in order, skipping a suffixed name that is already taken."""
+    from explorer.outputs import _distinct
+
+    assert _distinct(["a", "a", "a", "b", "a"]) == ["a", "a-2", "a-3", "b", "a-4"]
+    assert _distinct(["a-2", "a", "a"]) == ["a-2", "a", "a-3"]
+
+
 @pytest.mark.parametrize("flag", ["--summary-json", "--report-jsonl"])
 def test_replay_output_that_is_a_directory_is_refused_before_the_run(tmp_path, capsys, flag):
     # before: the replay ran, then os.replace failed with a traceback, leaving a temp file beside it

@@ -424,6 +424,8 @@ def test_synthetic_flat_requests() -> None:
     assert isinstance(w, FlatWorkload) and [r.arrival_timestamp_ms for r in w.requests] == [0.0, 1.25, 2.5]
     c = synthetic_replay_workload(16, 8, 3, 3, 2.5, replay_concurrency=2)
     assert [r.arrival_timestamp_ms for r in c.requests] == [None] * 3
+    one = synthetic_replay_workload(16, 8, 3, 3, 2.5, replay_concurrency=1)  # the smallest cap
+    assert [r.arrival_timestamp_ms for r in one.requests] == [None] * 3
 
 
 @pytest.mark.parametrize("kw", [{"turns_per_session": 2}, {"shared_prefix_ratio": 0.5},
