@@ -72,6 +72,10 @@ def test_s7_exact_command_order_from_the_notes_replays():
                      (["pass", "pass", "activate(hY)"], "step 3: activate(hY) is not enabled")):
         rep = reproduce(sc, bad, "livelock", "livelock", 0)
         assert not rep.reproduced and rep.message == why
+    # a lasso whose last state is not its loop state: states are counted from 0 (the empty core)
+    open_loop = reproduce(sc, steps[:4], "livelock", "livelock", 0)
+    assert not open_loop.reproduced
+    assert open_loop.message == "state 4 is not state 0: the loop does not close"
 
 
 def test_s6_deadlock_is_the_activated_fifo_head_of_line_block():
