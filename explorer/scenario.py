@@ -244,7 +244,7 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
             raise ScenarioError(f"{where}: segments must be a non-empty list of [name, length] pairs")
         for seg in segs:
             if (not isinstance(seg, list) or len(seg) != 2 or not isinstance(seg[0], str)
-                    or not isinstance(seg[1], int) or isinstance(seg[1], bool) or seg[1] < 1):
+                    or not _is_int(seg[1]) or seg[1] < 1):
                 raise ScenarioError(f"{where}: a segment is [name, length >= 1], got {seg!r}")
             if len(out) + seg[1] > MAX_PROMPT_TOKENS:
                 raise ScenarioError(f"{where}: segments={segs!r}: the prompt may have at most "
@@ -253,7 +253,7 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
             out.extend(base + j for j in range(seg[1]))
         return tuple(out)
     n = spec["prompt_len"]
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+    if not _is_int(n) or n < 0:
         raise ScenarioError(f"{where}: prompt_len must be an integer >= 0")
     if n > MAX_PROMPT_TOKENS:
         raise ScenarioError(f"{where}: prompt_len={n}: at most {MAX_PROMPT_TOKENS} tokens")
@@ -303,6 +303,11 @@ def _new_name(obj: Mapping[str, Any], key: str, where: str, seen: set, what: str
     return value
 
 
+def _is_int(v) -> bool:
+    """A JSON integer: Python's bool is an int, JSON's true and false are not (the schema's "integer")."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _bool(obj, key, default, where):
     v = obj.get(key, default)
     if not isinstance(v, bool):
@@ -350,7 +355,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
                 raise ScenarioError(f"{where}: handoff {handoff!r} already has a {role}")
             seen_handoffs.add((handoff, role))
         mot = r.get("max_output_tokens")
-        if not isinstance(mot, int) or isinstance(mot, bool) or mot < 0:
+        if not _is_int(mot) or mot < 0:
             raise ScenarioError(f"{where}.max_output_tokens must be an integer >= 0")
         requests.append(
             RequestSpec(rid, role, request_tokens(i, r, where), mot, handoff,
@@ -447,7 +452,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
                 else:
                     toks = request_tokens(len(requests) + i, req, f"{where}.request")
                     mot = req.get("max_output_tokens")
-                if not isinstance(mot, int) or isinstance(mot, bool) or mot < 0:
+                if not _is_int(mot) or mot < 0:
                     raise ScenarioError(f"{where}.request.max_output_tokens must be an integer >= 0")
                 request = DirectRequest(toks, mot, rid)
             else:
@@ -478,7 +483,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     max_states = bounds.get("max_states", 200_000)
     max_depth = bounds.get("max_depth", 10_000)
     for k, v in (("max_states", max_states), ("max_depth", max_depth)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if not _is_int(v) or v < 1:
             raise ScenarioError(f"bounds.{k} must be an integer >= 1")
     now_ms = obj.get("now_ms", 0.0)
     if not isinstance(now_ms, (int, float)) or isinstance(now_ms, bool) or now_ms < 0:
@@ -497,7 +502,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     if verdict == "violation" and kind is None:
         raise ScenarioError("expect.kind is required when expect.verdict is violation")
     max_steps = raw_expect.get("max_steps")
-    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 0):
+    if max_steps is not None and (not _is_int(max_steps) or max_steps < 0):
         raise ScenarioError("expect.max_steps must be an integer >= 0")
     defect = raw_expect.get("defect")
     if defect is not None and not isinstance(defect, str):
