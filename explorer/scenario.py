@@ -234,7 +234,7 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
         raise ScenarioError(f"{where}: give exactly one of tokens, segments, prompt_len (got {given or 'none'})")
     if "tokens" in spec:
         toks = spec["tokens"]
-        if not isinstance(toks, list) or not all(isinstance(t, int) and 0 <= t < 2**32 for t in toks):
+        if not isinstance(toks, list) or not all(_is_int(t) and 0 <= t < 2**32 for t in toks):
             raise ScenarioError(f"{where}: tokens must be a list of u32 integers")
         return tuple(toks)
     if "segments" in spec:

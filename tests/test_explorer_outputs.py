@@ -148,6 +148,12 @@ def test_deadlock_report_and_summary_carry_the_dead_end_diagnosis(tmp_path, caps
     assert s7["violations"] and all("cause" not in v for v in s7["violations"])
 
 
+def _set_tokens(request, tokens):
+    """The request's prompt given as explicit tokens instead of a length."""
+    request.pop("prompt_len")
+    request["tokens"] = tokens
+
+
 @pytest.mark.parametrize("mutate,fragment", [
     (lambda d: d.pop("engine"), "engine"),
     (lambda d: d.update(extra=1), "unknown field"),
@@ -170,6 +176,7 @@ def test_deadlock_report_and_summary_carry_the_dead_end_diagnosis(tmp_path, caps
     (lambda d: d.update(expect={"verdict": "violation", "kind": "livelock", "max_steps": True}), "expect.max_steps"),
     (lambda d: d.update(bounds={"max_states": 10, "max_depth": True}), "max_depth"),
     (lambda d: d["requests"][0].update(max_output_tokens=True), "max_output_tokens"),
+    (lambda d: _set_tokens(d["requests"][0], [1, True]), "u32 integers"),
     (lambda d: d.update(actions=[{"kind": "submit", "request": {"id": "Q", "prompt_len": 4,
                                                                  "max_output_tokens": False}}]), "max_output_tokens"),
     (lambda d: d.update(description=5), "description"),
