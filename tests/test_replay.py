@@ -605,9 +605,28 @@ def test_zero_output_sglang_request_is_a_timed_livelock(mode, workers, runtime):
     the state repeats with the clock advanced."""
     d = _zero_output_sglang(mode, workers)
     assert d.proven and d.runtime == runtime and d.cycle_passes >= 1 and d.period_ms > 0
+    if workers == 1:  # one worker, one running request whose every pass is the same: period one step
+        assert d.cycle_passes == 1
     assert uuid_from_int(2) in d.running or (workers > 1 and uuid_from_int(3) in d.running)
     assert d.stage == ("decode" if mode == "disagg" else "aggregated")
     assert "while the clock advances" in d.message()
+
+
+def test_timed_livelock_with_several_pending_events_reports_the_lowest_worker():
+    """LIVE-7, several pending events (disaggregated): two zero-output SGLang requests, routed
+    round-robin to two decode workers, each run identical passes forever. Both workers' passes
+    complete at each clock step, so no single event is pending; the state repeats after one step
+    and the diagnosis names the lowest pending (stage, worker), decode worker 0, which runs the
+    first request. Both requests stay in flight."""
+    sg = dict(engine_type="sglang", num_gpu_blocks=64, block_size=16)
+    setup = ReplaySetup(prefill_args=_args(worker_type="prefill", **sg), decode_args=_args(worker_type="decode", **sg),
+                        num_decode_workers=2)
+    with _Deadline(60), pytest.raises(ReplayLivelock) as exc:
+        run_replay(setup, FlatWorkload((_req(1, 32, 0, 0.0), _req(2, 32, 0, 1.0))))
+    d = exc.value.diagnosis
+    assert d.proven and d.runtime == "disagg" and d.cycle_passes == 1 and d.period_ms > 0
+    assert (d.stage, d.worker_idx, d.running) == ("decode", 0, (uuid_from_int(1),))
+    assert "requests in flight: 2" in d.other
 
 
 @pytest.mark.parametrize("mode, workers, runtime", [("agg", 1, "single"), ("agg", 2, "agg"), ("disagg", 1, "disagg")])
@@ -631,6 +650,27 @@ def test_recompute_loop_is_a_timed_livelock(mode, workers, runtime):
     assert d.proven and d.runtime == runtime
     if d.period_ms is not None:  # LIVE-7 (the disaggregated decode worker may loop at one time: LIVE-1)
         assert d.period_ms > 0 and uuid_from_int(2) in d.admitted
+
+
+def test_livelock_names_the_transfer_completions_never_processed():
+    """LIVE-3 (disaggregated): the transfers in flight when the loop starts are listed. By hand:
+    64-token prompts with 1 MB per token at 0.001 GB/s take 64 s to transfer, far beyond the
+    loop's start. Each reservation takes 4 blocks of 16 on the 32-block decode pool, so requests
+    1-8 are reserved and transferring. Each held source keeps 5 blocks (64 prompt tokens and the
+    first output token) of the 64-block prefill pool: 12 sources fill 60 blocks, and request 13,
+    which needs 5, is admitted and preempts itself at one instant forever (LIVE-1), with 13-20
+    waiting."""
+    kw = dict(block_size=16, kv_bytes_per_token=1_000_000, kv_transfer_bandwidth=0.001)
+    setup = ReplaySetup(prefill_args=_args(worker_type="prefill", num_gpu_blocks=64, **kw),
+                        decode_args=_args(worker_type="decode", num_gpu_blocks=32, **kw))
+    reqs = tuple(_req(i, 64, 8, 5.0 * (i - 1)) for i in range(1, 21))
+    with _Deadline(60), pytest.raises(ReplayLivelock) as exc:
+        run_replay(setup, FlatWorkload(reqs))
+    d = exc.value.diagnosis
+    assert d.proven and d.period_ms is None and (d.stage, d.worker_idx) == ("prefill", 0)
+    assert d.waiting == tuple(uuid_from_int(i) for i in range(13, 21))
+    assert d.other == ("requests in flight: 20",
+                       "transfer completions never processed: " + ", ".join(uuid_from_int(i) for i in range(1, 9)))
 
 
 def test_zero_output_sglang_request_stops_at_the_sim_time_cap():
