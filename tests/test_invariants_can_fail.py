@@ -65,6 +65,31 @@ def _handoff_cases():
     }
 
 
+def _second_cases():
+    """Broken states that the first table's ones leave unchecked: each must also be reported by its
+    invariant alone (a predicate that checks one of its clauses only fails here)."""
+    r, r2, h, h2 = rid("r"), rid("r2"), hid("H"), hid("H2")
+    entry = PendingEntry(r, None, None)
+    pending = PendingDestinations(fifo=pdeque([h]), by_handoff=pmap({h: entry}), by_request=pmap({r: h}))
+    reserved = DestinationHolds(by_handoff=pmap({h: (r2, None)}), by_request=pmap({r2: h}))
+    active = ActiveHandoffRequests(by_handoff=pmap({h: r}), by_request=pmap({r: h}))
+    return [
+        # PEND-Q1 revival: H fills two of four slots, so only the distinct count (3 > 2 * 1) is over
+        ("pend_fifo_bound", PendingDestinations(fifo=pdeque([h, hid("T1"), hid("T2"), h]),
+                                                by_handoff=pmap({h: entry}), by_request=pmap({r: h}))),
+        # H pending (for r) and reserved (for r2)
+        ("ledger_one_destination_stage", HandoffLedger(pending_destinations=pending, destination_holds=reserved)),
+        # H reserved (for r2) and active (for r)
+        ("ledger_one_destination_stage", HandoffLedger(destination_holds=reserved, active_destinations=active)),
+    ]
+
+
+@pytest.mark.parametrize("name, state", _second_cases(), ids=["fifo-revival", "pending-reserved", "reserved-active"])
+def test_each_clause_can_fail(name, state):
+    """PEND-7, LEDGER-2: each clause of the bound and each pair of destination stages is checked."""
+    assert {v.invariant.name for v in invariants.violations(state)} == {name}
+
+
 def _core(engine: str):
     """Requests a (10 tokens) and b (6 tokens, sharing a's first block) both running after one pass."""
     core = C.new_core(engine_args_from_json({"engine_type": engine, "block_size": 4, "num_gpu_blocks": 8}))
