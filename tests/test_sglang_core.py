@@ -1074,6 +1074,34 @@ def test_fpm_chunked_prefill_reports_chunk_not_full_prompt():
     assert f1.sum_prefill_tokens + f2.sum_prefill_tokens == 16
 
 
+def test_fpm_retracted_plain_request_is_a_queued_decode_beside_an_active_destination():
+    """SG-17, SG-23, SG-24: with an activated destination D (4 tokens, 20 outputs) running, a plain
+    request P (4 tokens, 20 outputs) received one pass later is admitted, and with conservativeness 0
+    the 9-page pool runs out while both decode. The retraction takes the running request with the
+    fewest outputs, P, which waits with its outputs kept. The snapshot counts P as a queued decode
+    of prompt plus outputs, not as a queued prefill, although it is not a destination (the scan of
+    the waiting queue that also asks for activated destinations, core.rs:663-718)."""
+    core = SgCore(fpm_args(num_gpu_blocks=9, max_num_batched_tokens=32, worker_type="decode",
+                           sglang={"page_size": 4, "chunked_prefill_size": 32, "schedule_conservativeness": 0.0}))
+    hd, d, p = u(1), u(2), u(3)
+    core.reserve(hd, request(d, range(4), 20))
+    assert core.activate(hd) == APPLIED
+    core.execute(0.0)
+    core.receive(request(p, range(100, 104), 20))
+    for i in range(1, 30):
+        fpm = core.execute(float(i)).fpm
+        waiting = core.value.waiting
+        if any(r.output_ids for r in waiting):
+            break
+    else:
+        pytest.fail("no retraction")
+    (retracted,), (running,) = waiting, core.value.running
+    assert (retracted.uuid.value, running.uuid.value) == (p, d) and len(retracted.output_ids) < len(running.output_ids)
+    assert core.value.ledger.active_destinations.contains_request(running.uuid)
+    assert (fpm.num_queued_prefill, fpm.num_queued_decode, fpm.sum_queued_decode_kv_tokens) == (
+        0, 1, 4 + len(retracted.output_ids))
+
+
 def test_fpm_retracted_decode_becomes_queued_decode():
     """tests.rs:2183-2260.  SG-17, SG-23: a retracted request (outputs kept) is a queued decode with
     KV context; as upstream, a run without retraction only has to keep producing snapshots."""
