@@ -1,6 +1,7 @@
 """The ``mocker-spec`` command line.
 
-Exit status: 0 ok, 1 a check found a problem (``diff``: the outputs differ), 2 bad input (bad
+Exit status: 0 ok, 1 a check found a problem (``diff``: the outputs differ) or the replay failed
+where upstream fails (an upstream error such as TIME-14's, or a state where upstream panics), 2 bad input (bad
 arguments and output paths included: one line on standard error naming the flag or field and its
 value, checked before anything runs; nothing is written), 3 the replay reached a dead end, 4 the replay entered a
 livelock (where the compiled engine spins forever; a diagnosis is printed).

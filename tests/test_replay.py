@@ -820,6 +820,24 @@ def test_cli_dead_end_exits_3(tmp_path, capsys):
     assert "dead end with 1 in-flight" in capsys.readouterr().err
 
 
+def test_cli_replay_error_exits_1_and_writes_nothing(tmp_path, capsys):
+    """TIME-14: bandwidth 0 passes ARGS-6 but fails the disaggregated replay as a whole with
+    upstream's message (golden disagg-zero-transfer-bandwidth, recorded as that error): exit
+    status 1, one error line, no report or summary."""
+    case_dir = GOLDENS / "disagg-zero-transfer-bandwidth"
+    case = json.loads((case_dir / "case.json").read_text())
+    rep, summ = tmp_path / "r.jsonl", tmp_path / "s.json"
+    argv = ["replay", str(case_dir / "trace.jsonl"), "--prefill-engine-args", json.dumps(case["prefill_engine_args"]),
+            "--decode-engine-args", json.dumps(case["decode_engine_args"]),
+            "--trace-block-size", str(case["trace_block_size"]), "--report-jsonl", str(rep), "--summary-json", str(summ),
+            "--no-progress"]
+    assert cli.main(argv) == 1
+    expected = (case_dir / "expected.status").read_text().strip()
+    assert expected == "error: invalid handoff transfer bandwidth 0"
+    assert expected in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_diff_corpus_goldens(capsys):
     rc = cli.main(["diff", "--corpus", str(GOLDENS)])
     out = capsys.readouterr().out
