@@ -834,7 +834,8 @@ def test_cli_replay_error_exits_1_and_writes_nothing(tmp_path, capsys):
     assert cli.main(argv) == 1
     expected = (case_dir / "expected.status").read_text().strip()
     assert expected == "error: invalid handoff transfer bandwidth 0"
-    assert expected in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1
     assert list(tmp_path.iterdir()) == []
 
 
