@@ -68,7 +68,7 @@ def _handoff_cases():
 def _second_cases():
     """Broken states that the first table's ones leave unchecked: each must also be reported by its
     invariant alone (a predicate that checks one of its clauses only fails here)."""
-    r, r2, h, h2 = rid("r"), rid("r2"), hid("H"), hid("H2")
+    r, r2, h = rid("r"), rid("r2"), hid("H")
     entry = PendingEntry(r, None, None)
     pending = PendingDestinations(fifo=pdeque([h]), by_handoff=pmap({h: entry}), by_request=pmap({r: h}))
     reserved = DestinationHolds(by_handoff=pmap({h: (r2, None)}), by_request=pmap({r2: h}))
