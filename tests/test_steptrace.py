@@ -302,6 +302,7 @@ BAD = [
     (lambda o: o[4].pop("now_ms"), "line 5: now_ms=null: a pass needs a finite now_ms"),
     (lambda o: o[4].update(handoff_id="h0"), "line 5: handoff_id='h0': pass takes no handoff id"),
     (lambda o: o[1]["request"].update(tokens=[-1]), "line 2: request.tokens=[-1]: must be a list of u32"),
+    (lambda o: o[1]["request"].update(tokens=[2**32]), "line 2: request.tokens=[4294967296]: must be a list of u32"),
     (lambda o: o[1]["effects"].update(end_ms=1.0), "line 2: effects.end_ms=1.0: not an effect of reserve_destination"),
     (lambda o: o[3].update(request=req("x", 1)), "line 4: request="),
     (lambda o: o[1]["effects"].update(error="X"), "line 2: effects.error='X': a step has a result or an error"),

@@ -1016,6 +1016,24 @@ def test_live_scheduler_forwards_buffered_kv_token_ids():
     assert all(len(block) > 0 for block in stored)
 
 
+def test_stored_events_carry_token_ids_only_with_a_kv_events_port():
+    """VLLM-18, SEQ-3, SEQ-6: a Stored event carries the stored blocks' tokens only when
+    ``zmq_kv_events_port`` is set (and prefix caching is on); otherwise ``token_ids`` is None.
+    By hand: the prompt 0..7 in blocks of 4 is stored in one pass as the blocks (0, 1, 2, 3) and
+    (4, 5, 6, 7); the one output token fills no block."""
+    def stored(**kw):
+        core = Core(args(block_size=4, num_gpu_blocks=12, max_num_batched_tokens=8, max_num_seqs=1,
+                         enable_chunked_prefill=True, enable_prefix_caching=True, speedup_ratio=1000.0, **kw),
+                    capture_kv_events=True)
+        core.receive(request(u(73), range(0, 8), 1))
+        p = core.execute(0.0)
+        assert p.output_signals[0].completed
+        return [e.data.token_ids for e in p.kv_events if isinstance(e.data, KvStored)]
+
+    assert stored() == [None]
+    assert stored(zmq_kv_events_port=12345) == [((0, 1, 2, 3), (4, 5, 6, 7))]
+
+
 def test_live_pathological_load_no_router_event_errors():
     """tests.rs:1844-1922 (pure-core port).  VLLM-15, VLLM-18: 8 identical 8-token requests on a
     6-block pool (heavy sharing and preemption): all 32 tokens arrive, events apply cleanly."""
