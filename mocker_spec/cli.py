@@ -123,6 +123,7 @@ def _job_from_args(args: argparse.Namespace) -> dict:
     prefill = _load_engine_args_text("--prefill-engine-args", args.prefill_engine_args)
     decode = _load_engine_args_text("--decode-engine-args", args.decode_engine_args)
     job: dict = {
+        "from_cli": True,  # JSON-dialect engine args, every worker count passed (DRV-19)
         "router_mode": args.router_mode,
         "arrival_speedup_ratio": args.arrival_speedup_ratio,
         "trace_block_size": args.trace_block_size,

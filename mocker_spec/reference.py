@@ -16,7 +16,9 @@ A *job* is a plain dict (the ``case.json`` layout): ``mode`` (``agg`` or
 ``num_prefill_workers`` / ``num_decode_workers``, ``trace_block_size``,
 ``router_mode``, ``arrival_speedup_ratio``, ``replay_concurrency``, and either
 ``trace_file`` (path) or ``synthetic`` (``input_tokens``, ``output_tokens``,
-``request_count``, ``arrival_interval_ms``).
+``request_count``, ``arrival_interval_ms``).  Its values are what the corpus runner hands the
+binding, which converts them (:func:`binding_arguments`, spec/replay.md DRV-19); a job built by the
+CLI carries ``from_cli`` (JSON-dialect engine args, every worker count passed).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ __all__ = [
     "synthetic_as_trace_rows",
     "setup_from_job",
     "workload_from_job",
+    "binding_arguments",
+    "binding_value",
     "REL_TOL_RECORD",
     "REL_TOL_SUMMARY",
 ]
@@ -126,6 +130,8 @@ try:
 except Exception as exc:
     emit({"status": "error", "message": "compiled reference not installed: %r" % (exc,)}); sys.exit(0)
 def mk(a):
+    if job.get("from_cli"):  # the --*-engine-args JSON objects, read as upstream's CLI reads them
+        return c.MockEngineArgs.from_json(json.dumps(a))
     # nested sub-arguments are keyword arguments of their own constructors (ARGS-11)
     a = dict(a)
     for key, cls in (("sglang", "SglangArgs"), ("trtllm", "TrtllmArgs")):
@@ -134,7 +140,7 @@ def mk(a):
     return c.MockEngineArgs(**a)
 kw = dict(router_mode=job.get("router_mode", "round_robin"),
           arrival_speedup_ratio=job.get("arrival_speedup_ratio", 1.0))
-if job.get("replay_concurrency") is not None:
+if job.get("replay_concurrency"):  # as the corpus's own runner: 0 and false mean no cap (DRV-19)
     kw["replay_concurrency"] = job["replay_concurrency"]
 for key in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms"):
     if job.get(key) is not None:
@@ -149,6 +155,9 @@ try:
         kw.update(prefill_engine_args=mk(job["prefill_engine_args"]), decode_engine_args=mk(job["decode_engine_args"]),
                   num_prefill_workers=job.get("num_prefill_workers", 1),
                   num_decode_workers=job.get("num_decode_workers", 1))
+    if job.get("from_cli"):  # the CLI passes every worker count, as upstream's CLI does (DRV-19)
+        for key in ("num_workers", "num_prefill_workers", "num_decode_workers"):
+            kw[key] = job.get(key, 1)
     if job.get("trace_file") is not None:
         if job.get("trace_block_size") is not None:  # else the binding's own default
             kw["trace_block_size"] = job["trace_block_size"]
@@ -288,64 +297,168 @@ def run_reference(job: Mapping[str, Any], timeout_s: float = 60.0, python: str =
 # ---------------------------------------------------------------------------------------------
 
 
+#: DRV-19: the Rust type the binding declares for each replay argument it converts
+#: (lib/bindings/python/rust/llm/replay.rs:847-875 trace files, 1098-1125 synthetic workloads)
+_ARG_KINDS = {
+    "input_tokens": "usize", "output_tokens": "usize", "request_count": "usize",
+    "num_workers": "usize", "num_prefill_workers": "usize", "num_decode_workers": "usize",
+    "replay_concurrency": "isize", "router_mode": "str", "arrival_speedup_ratio": "f64",
+    "arrival_interval_ms": "f64", "turns_per_session": "usize", "shared_prefix_ratio": "f64",
+    "num_prefix_groups": "usize", "inter_turn_delay_ms": "f64",
+    "trace_block_size": "usize", "trace_format": "str", "max_sim_time_ms": "f64",
+    "sla_ttft_ms": "f64", "sla_itl_ms": "f64", "sla_e2e_ms": "f64",
+}
+_USIZE_MAX = 2**64 - 1
+_ISIZE_MIN, _ISIZE_MAX = -(2**63), 2**63 - 1
+
+
+def binding_value(name: str, value: Any) -> Any:
+    """DRV-19: the value the binding receives for replay argument ``name`` (PyO3's conversion of
+    a JSON value), or :class:`InvalidInput` carrying the binding's own text.
+
+    A boolean is an integer to PyO3 (``True`` is 1, or 1.0 where a float is due); an integer is
+    accepted where a float is due; nothing else converts.
+    """
+    kind = _ARG_KINDS[name]
+    tname = type(value).__name__
+    if kind in ("usize", "isize"):
+        if isinstance(value, bool):
+            return int(value)
+        if not isinstance(value, int):
+            raise InvalidInput(name, value, f"argument '{name}': '{tname}' object cannot be interpreted as an integer",
+                               rule="DRV-19")
+        if kind == "isize":
+            if not _ISIZE_MIN <= value <= _ISIZE_MAX:
+                raise InvalidInput(name, value, "Python int too large to convert to C long", rule="DRV-19")
+        elif value < 0:
+            raise InvalidInput(name, value, "can't convert negative int to unsigned", rule="DRV-19")
+        elif value > _USIZE_MAX:
+            raise InvalidInput(name, value, "int too big to convert", rule="DRV-19")
+        return value
+    if kind == "f64":
+        if isinstance(value, (bool, int)):
+            try:
+                return float(value)
+            except OverflowError:
+                raise InvalidInput(name, value, "int too large to convert to float", rule="DRV-19") from None
+        if not isinstance(value, float):
+            raise InvalidInput(name, value, f"argument '{name}': must be real number, not {tname}", rule="DRV-19")
+        return value
+    if not isinstance(value, str):
+        raise InvalidInput(name, value, f"argument '{name}': '{tname}' object cannot be converted to 'PyString'",
+                           rule="DRV-19")
+    return value
+
+
+def binding_arguments(job: Mapping[str, Any]) -> Dict[str, Any]:
+    """DRV-19: the replay arguments a job hands the binding, converted, in the binding's order.
+
+    A case (the refcases layout) passes what its runner passes: the worker counts of its mode
+    only, ``router_mode`` and ``arrival_speedup_ratio`` always (defaults ``round_robin`` and 1.0),
+    ``replay_concurrency`` only when truthy (0 and ``false`` mean no cap), the trace's
+    ``trace_block_size``, ``trace_format`` and ``max_sim_time_ms`` and the SLA thresholds when
+    not null, a synthetic workload's ``arrival_interval_ms`` always (default 1.0) and its other
+    settings when present.  A job built by the CLI (``from_cli``) passes every worker count.
+    Raises :class:`InvalidInput` for the first argument the binding cannot convert.
+    """
+    given: Dict[str, Any] = {}
+    synthetic = job.get("trace_file") is None and isinstance(job.get("synthetic"), Mapping)
+    if synthetic:
+        s = job["synthetic"]
+        for key in ("input_tokens", "output_tokens", "request_count"):
+            given[key] = s.get(key)
+    agg = job.get("mode", "agg") == "agg"
+    if agg or job.get("from_cli"):
+        given["num_workers"] = job.get("num_workers", 1)
+    if not agg or job.get("from_cli"):
+        given["num_prefill_workers"] = job.get("num_prefill_workers", 1)
+        given["num_decode_workers"] = job.get("num_decode_workers", 1)
+    if job.get("replay_concurrency"):
+        given["replay_concurrency"] = job["replay_concurrency"]
+    given["router_mode"] = job.get("router_mode", "round_robin")
+    given["arrival_speedup_ratio"] = job.get("arrival_speedup_ratio", 1.0)
+    if synthetic:
+        s = job["synthetic"]
+        given["arrival_interval_ms"] = s.get("arrival_interval_ms", 1.0)
+        for key in ("turns_per_session", "shared_prefix_ratio", "num_prefix_groups", "inter_turn_delay_ms"):
+            if key in s:
+                given[key] = s[key]
+    else:
+        for key in ("trace_block_size", "trace_format", "max_sim_time_ms"):
+            if job.get(key) is not None:
+                given[key] = job[key]
+    for key in ("sla_ttft_ms", "sla_itl_ms", "sla_e2e_ms"):
+        if job.get(key) is not None:
+            given[key] = job[key]
+    return {name: binding_value(name, value) for name, value in given.items()}
+
+
 def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
-    """The replay setup of a job (engine-args dicts parsed with the JSON dialect)."""
+    """The replay setup of a job.
+
+    Engine-args dicts are ``MockEngineArgs`` keyword arguments (ARGS-13's ``kwargs`` dialect), as
+    the corpus runners pass them; a job built by the CLI (``from_cli``) holds the JSON objects of
+    ``--*-engine-args`` (the ``json`` dialect).  The engine args are built first, then the replay
+    arguments are converted (DRV-19), as the runners do.
+    """
+    dialect = "json" if job.get("from_cli") else "kwargs"
 
     def parse(name: str):
         raw = job.get(name)
         if raw is None:
             return None
         try:
-            return engine_args_from_json(raw)
+            return engine_args_from_json(raw, dialect=dialect)
         except InvalidInput as exc:
             raise InvalidInput(f"{name}.{exc.field}", exc.value, exc.reason, rule=exc.rule) from None
 
-    common = dict(
-        num_workers=job.get("num_workers", 1),
-        num_prefill_workers=job.get("num_prefill_workers", 1),
-        num_decode_workers=job.get("num_decode_workers", 1),
-        replay_concurrency=job.get("replay_concurrency"),
-        router_mode=job.get("router_mode", "round_robin"),
-        max_sim_time_ms=job.get("max_sim_time_ms"),
-        sla=SlaThresholds(job.get("sla_ttft_ms"), job.get("sla_itl_ms"), job.get("sla_e2e_ms")),
-    )
     if job.get("mode", "agg") == "agg":
-        return ReplaySetup(engine_args=parse("engine_args"), **common)
+        engines = dict(engine_args=parse("engine_args"))
+    else:
+        engines = dict(prefill_args=parse("prefill_engine_args"), decode_args=parse("decode_engine_args"))
+    a = binding_arguments(job)
     return ReplaySetup(
-        prefill_args=parse("prefill_engine_args"),
-        decode_args=parse("decode_engine_args"),
-        **common,
+        num_workers=a.get("num_workers", 1),
+        num_prefill_workers=a.get("num_prefill_workers", 1),
+        num_decode_workers=a.get("num_decode_workers", 1),
+        replay_concurrency=a.get("replay_concurrency"),
+        router_mode=a["router_mode"],
+        max_sim_time_ms=a.get("max_sim_time_ms"),
+        sla=SlaThresholds(a.get("sla_ttft_ms"), a.get("sla_itl_ms"), a.get("sla_e2e_ms")),
+        **engines,
     )
 
 
 def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
-    """The workload of a job: a trace file (WL-14) or synthetic requests (WL-16/WL-17)."""
-    ratio = job.get("arrival_speedup_ratio", 1.0)
+    """The workload of a job: a trace file (WL-14) or synthetic requests (WL-16/WL-17), from the
+    converted replay arguments (DRV-19)."""
+    a = binding_arguments(job)
+    ratio = a["arrival_speedup_ratio"]
+    conc = a.get("replay_concurrency")
     if job.get("trace_file") is not None:
-        fmt = canonical_trace_format(job.get("trace_format", "mooncake"))
+        fmt = canonical_trace_format(a.get("trace_format", "mooncake"))
         if fmt == "mooncake-delta" and setup.is_disagg:  # WL-18 (entrypoints.rs:308-310, 726-728)
             raise InvalidInput("trace_format", fmt, "mooncake-delta trace format is not supported for disaggregated "
                                "replay", rule="WL-18")
-        tbs = job.get("trace_block_size", DEFAULT_TRACE_BLOCK_SIZE)  # WL-5
-        if job.get("replay_concurrency") is not None:  # WL-20: the concurrency workload driver
+        tbs = a.get("trace_block_size", DEFAULT_TRACE_BLOCK_SIZE)  # WL-5
+        if conc is not None:  # WL-20: the concurrency workload driver
             return load_concurrency_trace_file(job["trace_file"], tbs, validate=not setup.is_disagg,
                                                accumulate_deltas=fmt == "mooncake-delta")
         return load_trace_file(job["trace_file"], tbs, ratio, fmt)
-    s = job["synthetic"]
     args = setup.prefill_args if setup.is_disagg else setup.engine_args
     block_size = args.block_size if args is not None else 64
     return synthetic_replay_workload(
         block_size,
-        s["input_tokens"],
-        s["output_tokens"],
-        s["request_count"],
-        s.get("arrival_interval_ms", 1.0),
-        turns_per_session=s.get("turns_per_session", 1),
-        shared_prefix_ratio=s.get("shared_prefix_ratio", 0.0),
-        num_prefix_groups=s.get("num_prefix_groups", 0),
-        inter_turn_delay_ms=s.get("inter_turn_delay_ms", 0.0),
+        a["input_tokens"],
+        a["output_tokens"],
+        a["request_count"],
+        a["arrival_interval_ms"],
+        turns_per_session=a.get("turns_per_session", 1),
+        shared_prefix_ratio=a.get("shared_prefix_ratio", 0.0),
+        num_prefix_groups=a.get("num_prefix_groups", 0),
+        inter_turn_delay_ms=a.get("inter_turn_delay_ms", 0.0),
         arrival_speedup_ratio=ratio,
-        replay_concurrency=job.get("replay_concurrency"),
+        replay_concurrency=conc,
     )
 
 
@@ -429,6 +542,10 @@ _ARG_REFUSALS = tuple(re.compile(p) for p in (
     r"^argument '(\w+)': ",
     r"unexpected keyword argument '(\w+)'",
     r"^(engine_type) must be one of ",
+    r"^(worker_type) must be one of ",
+    r"^(preemption_mode) must be either ",
+    r"^Invalid (kv_transfer_timing_mode) ",
+    r"^invalid (router_queue_policy) ",
     r"^()can't convert negative int to unsigned$",
 ))
 _ENGINE_ARGS_KEYS = ("engine_args", "prefill_engine_args", "decode_engine_args")
@@ -450,6 +567,9 @@ def refused_argument(message: str) -> Optional[str]:
 #: FID-10: the compiled build's trace-file refusals quote the file's path, which is where the case
 #: was recorded (loadgen/trace.rs:193-197, 303-305)
 _TRACE_LINE_REFUSAL = re.compile(r"^failed to parse line (\d+) from .+ as JSON$")
+#: FID-10: a panic on a validation failure names the field (a vLLM ``block_size`` of 1: the
+#: sequence's validator, sequence.rs:58,109; the model refuses it, SEQ-3)
+_VALIDATION_PANIC = re.compile(r'^the reference crashed: pyo3_runtime\.PanicException: .*ValidationErrors\(\{"(\w+)"')
 _EMPTY_TRACE = re.compile(r"^trace file .+ did not contain any requests$")
 
 
@@ -466,6 +586,9 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
     if named == "":
         value = ours.refused_value
         return isinstance(value, int) and not isinstance(value, bool) and value < 0
+    panic = _VALIDATION_PANIC.match(ref_message)
+    if panic:
+        return field.split(".")[-1] == panic.group(1)
     line = _TRACE_LINE_REFUSAL.match(ref_message)
     if line:
         return field.startswith(f"trace line {line.group(1)}:")

@@ -91,7 +91,7 @@ kw = dict(router_mode=job.get("router_mode", "round_robin"), arrival_speedup_rat
           report_jsonl_path=job["report_path"])
 if job.get("trace_block_size") is not None:  # else the binding's own default
     kw["trace_block_size"] = job["trace_block_size"]
-if job.get("replay_concurrency") is not None:
+if job.get("replay_concurrency"):  # 0 and false mean no cap, as in the corpus runner (DRV-19)
     kw["replay_concurrency"] = job["replay_concurrency"]
 if job["mode"] == "agg":
     if job.get("engine_args") is not None:

@@ -127,6 +127,33 @@ def test_event_heap_orders_by_time_then_push_and_blocks_on_other_kinds():
     assert h.is_empty()
 
 
+def test_event_heap_retain_drops_refused_events_and_keeps_the_order_of_the_rest():
+    """DRV-3, DIS-14: the compaction of stale transfer events keeps exactly the events the
+    predicate accepts (it sees each event's kind and payload), still in (at_ms, push) order."""
+    h = EventHeap()
+    h.push(3.0, "transfer_complete", "stale-a")
+    h.push(2.0, "worker_completion", "w1")
+    h.push(2.0, "transfer_complete", "live")
+    h.push(1.0, "transfer_complete", "stale-b")
+    h.push(2.0, "worker_completion", "w2")
+    seen = []
+
+    def keep(kind, payload):
+        seen.append((kind, payload))
+        return not payload.startswith("stale")
+
+    h.retain(keep)
+    assert sorted(seen) == sorted([("transfer_complete", "stale-a"), ("worker_completion", "w1"),
+                                   ("transfer_complete", "live"), ("transfer_complete", "stale-b"),
+                                   ("worker_completion", "w2")])
+    assert len(h) == 3
+    assert h.pop_ready("worker_completion", 2.0) == "w1"
+    assert h.pop_ready("worker_completion", 2.0) is None  # "live" was pushed before w2
+    assert h.pop_ready("transfer_complete", 2.0) == "live"
+    assert h.pop_ready("worker_completion", 2.0) == "w2"
+    assert h.is_empty()
+
+
 def test_progress_predicate_counts_admissions_and_scheduled_fpm():
     """DRV-6: an empty pass is no progress; any admission is."""
     core = C.new_core(_args(block_size=16, num_gpu_blocks=8))
@@ -154,6 +181,29 @@ def test_setup_checks_name_the_field(setup, field):
     assert exc.value.field == field
 
 
+@pytest.mark.parametrize("field", ["num_workers", "num_prefill_workers", "num_decode_workers"])
+def test_zero_workers_get_upstreams_replay_message_and_negative_counts_the_type_check(field):
+    """DRV-1, ARGS-18: a count of 0 passes the type check and is refused by upstream's replay
+    check, with its text (validate.rs); only a negative count is refused as not a non-negative
+    integer."""
+    disagg = field != "num_workers"
+    def setup(n):
+        if disagg:
+            other = "num_decode_workers" if field == "num_prefill_workers" else "num_prefill_workers"
+            return ReplaySetup(prefill_args=_staged("prefill"), decode_args=_staged("decode"),
+                               **{field: n, other: 1})
+        return ReplaySetup(engine_args=_args(block_size=16), num_workers=n)
+    with pytest.raises(InvalidInput) as zero:
+        check_setup(setup(0))
+    assert (zero.value.field, zero.value.rule) == (field, "ARGS-18")
+    assert f"trace replay requires {field} >= 1" in str(zero.value)
+    with pytest.raises(InvalidInput) as negative:
+        check_setup(setup(-1))
+    assert (negative.value.field, negative.value.rule) == (field, "DRV-1")
+    assert "must be a non-negative integer" in str(negative.value)
+    check_setup(setup(1))
+
+
 # ---------------------------------------------------------------------------------------------
 # DRV-9..DRV-11: single-worker runtime
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +215,25 @@ def test_single_runtime_leaves_decode_worker_null_and_uses_static_worker_seconds
     _, summary, recs = _run(setup, [_req(1, 32, 3, 0.0), _req(2, 32, 3, 1.0)])
     assert all(r.decode_worker_idx is None for r in recs.values())
     assert summary["decode_worker_seconds"] == summary["duration_ms"] / 1000.0
+
+
+@pytest.mark.parametrize("runtime", ["single", "agg", "disagg"])
+def test_progress_observer_counts_each_finished_request_once(runtime):
+    """DRV-1: ``on_progress(done, total)`` (the CLI's progress bar) sees the number of requests
+    finished so far, rising to the trace's size, with the trace's size as the total, on each of
+    the three runtimes."""
+    if runtime == "disagg":
+        setup = _disagg(np_=1, nd=2)
+    else:
+        setup = ReplaySetup(engine_args=_args(block_size=16, num_gpu_blocks=64),
+                            num_workers=1 if runtime == "single" else 2)
+    reqs = normalize_trace_requests(tuple(_req(i, 32, 3, 5.0 * i) for i in range(1, 5)), 1.0)
+    calls = []
+    run_replay(setup, FlatWorkload(reqs), on_progress=lambda done, total: calls.append((done, total)))
+    assert calls, "no progress was reported"
+    assert {total for _, total in calls} == {4}
+    done = [d for d, _ in calls]
+    assert done == sorted(set(done)) and 1 <= done[0] and done[-1] == 4
 
 
 def test_single_runtime_zero_output_is_a_dead_end():
@@ -917,6 +986,12 @@ _CROSS = ('Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs
     ("MockEngineArgs.__new__() got an unexpected keyword argument 'foo_bar'", "foo_bar"),
     ("engine_type must be one of 'vllm', 'sglang', or 'trtllm', got 'foo'", "engine_type"),
     ("can't convert negative int to unsigned", ""),
+    ("worker_type must be one of 'aggregated', 'prefill', or 'decode', got 'AGGREGATED'", "worker_type"),
+    ("preemption_mode must be either 'lifo' or 'fifo', got 'FIFO'", "preemption_mode"),
+    ("Invalid kv_transfer_timing_mode 'X'. Must be 'full_prompt' or 'destination_missing'.",
+     "kv_transfer_timing_mode"),
+    ('invalid router_queue_policy "X": unknown queue policy: "X", expected \'fcfs\', \'lcfs\', or \'wspt\'',
+     "router_queue_policy"),
     ("offline replay reached a dead end with 1 in-flight requests remaining", None),
     ("invalid handoff transfer bandwidth 0", None),
 ])
@@ -953,6 +1028,99 @@ def test_a_refusal_agrees_only_with_a_model_refusal_of_the_same_argument():
     assert compare(Outcome("error", "invalid value", refused="trace line 3: output_length"), line2).where == "status"
     empty = Outcome("error", "trace file /elsewhere/trace.jsonl did not contain any requests")
     assert compare(Outcome("error", "trace file did not contain any requests", refused="trace"), empty) is None
+    # a panic of a validator names the field it refused (golden args-refused-vllm-block-size-one)
+    panic = Outcome("error", 'the reference crashed: pyo3_runtime.PanicException: invalid ActiveSequence: '
+                             'ValidationErrors({"block_size": Field([ValidationError { code: "range" }])})')
+    assert compare(Outcome("error", "the vLLM sequence needs block_size >= 2", refused="block_size"), panic) is None
+    assert compare(ours("engine_args.max_num_seqs"), panic).where == "status"
+    assert compare(Outcome("error", "the vLLM sequence needs block_size >= 2"), panic).where == "status"
+
+
+# the binding's conversion texts, recorded from 1.3.0.post1 (run_mocker_trace_replay called with
+# each value; spec/replay.md DRV-19)
+@pytest.mark.parametrize("name, value, expected", [
+    ("num_workers", True, 1),
+    ("num_workers", False, 0),
+    ("num_workers", 3, 3),
+    ("num_workers", 2.0, "argument 'num_workers': 'float' object cannot be interpreted as an integer"),
+    ("num_workers", "2", "argument 'num_workers': 'str' object cannot be interpreted as an integer"),
+    ("num_workers", None, "argument 'num_workers': 'NoneType' object cannot be interpreted as an integer"),
+    ("num_workers", [1], "argument 'num_workers': 'list' object cannot be interpreted as an integer"),
+    ("num_workers", -1, "can't convert negative int to unsigned"),
+    ("num_workers", 2**64, "int too big to convert"),
+    ("trace_block_size", 2**64 - 1, 2**64 - 1),
+    ("replay_concurrency", -1, -1),  # isize: the range check comes later (DRV-1)
+    ("replay_concurrency", 2**63, "Python int too large to convert to C long"),
+    ("replay_concurrency", 2.5, "argument 'replay_concurrency': 'float' object cannot be interpreted as an integer"),
+    ("arrival_speedup_ratio", True, 1.0),
+    ("arrival_speedup_ratio", 2, 2.0),
+    ("arrival_speedup_ratio", "x", "argument 'arrival_speedup_ratio': must be real number, not str"),
+    ("arrival_speedup_ratio", None, "argument 'arrival_speedup_ratio': must be real number, not NoneType"),
+    ("arrival_speedup_ratio", 2**1100, "int too large to convert to float"),
+    ("sla_ttft_ms", "x", "argument 'sla_ttft_ms': must be real number, not str"),
+    ("router_mode", 5, "argument 'router_mode': 'int' object cannot be converted to 'PyString'"),
+    ("trace_format", None, "argument 'trace_format': 'NoneType' object cannot be converted to 'PyString'"),
+])
+def test_binding_value_converts_as_pyo3_does(name, value, expected):
+    """DRV-19: a boolean is an integer, an integer is a float; anything else is refused with the
+    binding's text, the argument named."""
+    from mocker_spec.reference import binding_value
+
+    if isinstance(expected, str):
+        with pytest.raises(InvalidInput) as exc:
+            binding_value(name, value)
+        assert (exc.value.field, exc.value.reason, exc.value.rule) == (name, expected, "DRV-19")
+    else:
+        got = binding_value(name, value)
+        assert got == expected and type(got) is type(expected)
+
+
+def test_binding_arguments_pass_what_the_corpus_runner_passes():
+    """DRV-19: a case passes its mode's worker counts only and a cap only when truthy; a CLI job
+    passes every count; the first argument that does not convert is the error."""
+    from mocker_spec.reference import binding_arguments, setup_from_job
+
+    agg = {"mode": "agg", "engine_args": {"block_size": 16}, "num_workers": True, "num_prefill_workers": 2,
+           "replay_concurrency": 0, "trace_file": "t.jsonl", "trace_block_size": None}
+    a = binding_arguments(agg)
+    assert a == {"num_workers": 1, "router_mode": "round_robin", "arrival_speedup_ratio": 1.0}
+    check_setup(setup_from_job(agg))  # num_prefill_workers is not passed in agg mode
+    with pytest.raises(InvalidInput) as exc:
+        check_setup(setup_from_job(dict(agg, from_cli=True)))  # the CLI passes it: DRV-1 refuses
+    assert exc.value.field == "num_prefill_workers"
+    assert setup_from_job(dict(agg, replay_concurrency=False)).replay_concurrency is None
+    assert setup_from_job(dict(agg, replay_concurrency=True)).replay_concurrency == 1
+    disagg = {"mode": "disagg", "num_workers": "ignored", "num_prefill_workers": True, "num_decode_workers": 2,
+              "prefill_engine_args": {"block_size": 16, "worker_type": "prefill"},
+              "decode_engine_args": {"block_size": 16, "worker_type": "decode"}, "trace_file": "t.jsonl"}
+    s = setup_from_job(disagg)
+    assert (s.num_workers, s.num_prefill_workers, s.num_decode_workers) == (1, 1, 2)
+    with pytest.raises(InvalidInput) as exc:  # num_workers comes before router_mode in the binding
+        binding_arguments(dict(agg, num_workers=1.5, router_mode=None))
+    assert exc.value.field == "num_workers"
+    synthetic = {"mode": "agg", "synthetic": {"input_tokens": True, "output_tokens": 2, "request_count": 2,
+                                              "inter_turn_delay_ms": 3}}
+    assert binding_arguments(synthetic) == {"input_tokens": 1, "output_tokens": 2, "request_count": 2,
+                                            "num_workers": 1, "router_mode": "round_robin",
+                                            "arrival_speedup_ratio": 1.0, "arrival_interval_ms": 1.0,
+                                            "inter_turn_delay_ms": 3.0}
+
+
+def test_case_engine_args_are_constructor_keywords_and_cli_engine_args_json():
+    """ARGS-13, DRV-19: a case's engine args are ``MockEngineArgs(**kwargs)`` (a boolean count is
+    accepted, enumerations are case-sensitive); the CLI's are ``--extra-engine-args`` JSON."""
+    from mocker_spec.reference import setup_from_job
+
+    case = {"mode": "agg", "engine_args": {"block_size": 16, "max_num_seqs": True}, "trace_file": "t.jsonl"}
+    assert setup_from_job(case).engine_args.max_num_seqs == 1
+    with pytest.raises(InvalidInput) as exc:
+        setup_from_job(dict(case, from_cli=True))
+    assert exc.value.field == "engine_args.max_num_seqs"
+    upper = {"mode": "agg", "engine_args": {"block_size": 16, "worker_type": "AGGREGATED"}, "trace_file": "t.jsonl"}
+    with pytest.raises(InvalidInput) as exc:
+        setup_from_job(upper)
+    assert exc.value.field == "engine_args.worker_type"
+    assert setup_from_job(dict(upper, from_cli=True)).engine_args.worker_type.value == "aggregated"
 
 
 # ---------------------------------------------------------------------------------------------
