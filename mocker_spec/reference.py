@@ -540,6 +540,7 @@ def _row_key(r: Mapping[str, Any]) -> Tuple:
 _ARG_REFUSALS = tuple(re.compile(p) for p in (
     r"^Failed to (?:normalize|build) MockEngineArgs: (?:Failed to validate MockEngineArgs: )?(\w+): ",
     r"^argument '(\w+)': ",
+    r"^Failed to parse MockEngineArgs JSON: (\w+): ",
     r"unexpected keyword argument '(\w+)'",
     r"^(engine_type) must be one of ",
     r"^(worker_type) must be one of ",

@@ -112,3 +112,31 @@ def test_gen_cases_records_in_worker_processes(reference_python, tmp_path, capsy
     statuses = {jobs: sorted((d.name, (d / "expected.status").read_text()) for d in (tmp_path / f"jobs{jobs}").iterdir())
                 for jobs in ("1", "2")}
     assert statuses["1"] == statuses["2"] and len(statuses["1"]) == 4
+
+
+@pytest.mark.reference
+def test_live_engine_args_dialects_match_the_reference(reference_python, tmp_path):
+    """DRV-19, ARGS-13: the same engine-args object read as a case's constructor keywords and as
+    the CLI's JSON (``from_cli``): upper-case ``VLLM`` and the JSON-only ``is_prefill`` are refused
+    by the first and accepted by the second, and a boolean count the other way round; each time
+    the model and the reference agree on the outcome."""
+    case, rows = generate_case(SEED, 0)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    base = {"mode": "agg", "num_workers": 1, "trace_block_size": case["trace_block_size"], "trace_file": str(trace)}
+    upper = {"engine_type": "VLLM", "is_prefill": False, "block_size": 16, "num_gpu_blocks": 256}
+    boolean = {"block_size": 16, "num_gpu_blocks": 256, "max_num_seqs": True}
+    statuses = {}
+    for name, args, from_cli in [("upper-case", upper, False), ("upper-json", upper, True),
+                                 ("bool-case", boolean, False), ("bool-json", boolean, True)]:
+        job = dict(base, engine_args=args, **({"from_cli": True} if from_cli else {}))
+        ref = run_reference(job, timeout_s=TIMEOUT_S, python=reference_python)
+        try:
+            ours = run_model(job)
+        except Exception as exc:  # an InvalidInput: compared as diff --corpus does
+            from mocker_spec.reference import Outcome
+            ours = Outcome("error", exc.reason, refused=exc.field, refused_value=exc.value)
+        div = compare(ours, ref)
+        assert div is None, f"{name}: {div.describe()}"
+        statuses[name] = ref.status
+    assert statuses == {"upper-case": "error", "upper-json": "ok", "bool-case": "ok", "bool-json": "error"}

@@ -986,6 +986,8 @@ _CROSS = ('Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs
     ("MockEngineArgs.__new__() got an unexpected keyword argument 'foo_bar'", "foo_bar"),
     ("engine_type must be one of 'vllm', 'sglang', or 'trtllm', got 'foo'", "engine_type"),
     ("can't convert negative int to unsigned", ""),
+    ("Failed to parse MockEngineArgs JSON: max_num_seqs: invalid type: boolean `true`, expected usize at line 1 "
+     "column 62", "max_num_seqs"),  # the JSON dialect (a CLI job, DRV-19)
     ("worker_type must be one of 'aggregated', 'prefill', or 'decode', got 'AGGREGATED'", "worker_type"),
     ("preemption_mode must be either 'lifo' or 'fifo', got 'FIFO'", "preemption_mode"),
     ("Invalid kv_transfer_timing_mode 'X'. Must be 'full_prompt' or 'destination_missing'.",
