@@ -402,6 +402,8 @@ def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
     arguments are converted (DRV-19), as the runners do.
     """
     dialect = "json" if job.get("from_cli") else "kwargs"
+    if job.get("mode", "agg") not in ("agg", "disagg"):
+        raise InvalidInput("mode", job["mode"], "must be 'agg' or 'disagg'", rule="DRV-19")
 
     def parse(name: str):
         raw = job.get(name)
@@ -672,6 +674,15 @@ def load_case(case_dir: str | os.PathLike[str]) -> Tuple[Dict[str, Any], Outcome
     job = read_input_file(d / "case.json", parse_json=True)
     if not isinstance(job, dict):
         raise CaseError(f"{d / 'case.json'}: not a JSON object")
+    # the layout's two modes; a disaggregated case names both pools' engine args (the runners
+    # index them and would fail on a missing one before the reference runs)
+    mode = job.get("mode")
+    if mode not in ("agg", "disagg"):
+        raise CaseError(f"{d / 'case.json'}: mode={mode!r}: must be 'agg' or 'disagg'")
+    if mode == "disagg":
+        for key in ("prefill_engine_args", "decode_engine_args"):
+            if not isinstance(job.get(key), dict):
+                raise CaseError(f"{d / 'case.json'}: {key}={job.get(key)!r}: a disagg case needs it as an object")
     job["trace_file"] = str(d / "trace.jsonl")
     status = read_input_file(d / "expected.status").strip() if (d / "expected.status").exists() else "ok"
     if status == "ok":

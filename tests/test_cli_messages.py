@@ -293,6 +293,30 @@ def test_a_corpus_case_with_a_malformed_recorded_outcome_is_bad_input(tmp_path, 
     _one_error_line(capsys, "expected.summary.json: not a JSON object")
 
 
+def test_a_corpus_case_with_an_unknown_mode_or_a_missing_pool_is_bad_input(tmp_path, capsys):
+    """The layout's ``mode`` is ``agg`` or ``disagg``, and a disagg case names both pools' engine
+    args: anything else is named in one line with exit 2 (an unknown mode ran the model as an
+    aggregated replay while the runners, which treat every other mode as disagg, failed on the
+    missing prefill args)."""
+    import json
+    import shutil
+
+    good = ROOT / "tests" / "goldens" / "refcases"
+    edits = [
+        ("case-1-037", {"mode": "aggregated"}, "case.json: mode='aggregated': must be 'agg' or 'disagg'"),
+        ("case-1-037", {"mode": None}, "case.json: mode=None: must be 'agg' or 'disagg'"),
+        ("case-1-000", {"decode_engine_args": None}, "case.json: decode_engine_args=None: a disagg case needs it"),
+    ]
+    for i, (src, change, message) in enumerate(edits):
+        corpus = tmp_path / f"corpus{i}"
+        shutil.copytree(good / src, corpus / "c1")
+        case = json.loads((corpus / "c1" / "case.json").read_text())
+        case.update(change)
+        (corpus / "c1" / "case.json").write_text(json.dumps(case))
+        assert main(["diff", "--corpus", str(corpus)]) == 2
+        _one_error_line(capsys, message)
+
+
 def test_vectors_refuses_a_library_with_a_bad_scenario(tmp_path, capsys):
     """VEC-2: a scenario file that is not valid for its own engine is named, exit 2, nothing
     written (a non-UTF-8 file raised a traceback; an invalid one was only noted in the README)."""

@@ -1097,6 +1097,9 @@ def test_binding_arguments_pass_what_the_corpus_runner_passes():
               "decode_engine_args": {"block_size": 16, "worker_type": "decode"}, "trace_file": "t.jsonl"}
     s = setup_from_job(disagg)
     assert (s.num_workers, s.num_prefill_workers, s.num_decode_workers) == (1, 1, 2)
+    with pytest.raises(InvalidInput) as exc:  # the runners would take it for disagg and fail
+        setup_from_job(dict(agg, mode="aggregated"))
+    assert exc.value.field == "mode"
     with pytest.raises(InvalidInput) as exc:  # num_workers comes before router_mode in the binding
         binding_arguments(dict(agg, num_workers=1.5, router_mode=None))
     assert exc.value.field == "num_workers"
