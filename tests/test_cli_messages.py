@@ -121,6 +121,22 @@ def test_gen_cases_flags_are_checked(tmp_path, capsys):
     assert not (tmp_path / "cases").exists()
 
 
+def test_gen_cases_without_record_writes_the_cases_and_exits_0(tmp_path, capsys):
+    """Without ``--record`` the cases are written (case.json and trace.jsonl, no recorded outcome)
+    exactly as ``write_cases`` makes them, and the run succeeds."""
+    from mocker_spec.casegen import write_cases
+
+    out = tmp_path / "cases"
+    assert main(["gen-cases", "--out", str(out), "--seed", "5", "--count", "3", "--start", "7"]) == 0
+    assert "wrote 3 cases" in capsys.readouterr().out
+    same = write_cases(tmp_path / "direct", 5, 3, 7, False, False, False, False, False)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in same)
+    for d in same:
+        assert sorted(p.name for p in (out / d.name).iterdir()) == ["case.json", "trace.jsonl"]
+        for name in ("case.json", "trace.jsonl"):
+            assert (out / d.name / name).read_bytes() == (d / name).read_bytes()
+
+
 def test_diff_timeout_is_checked(capsys):
     assert main(["diff", str(TRACE), "--timeout", "-1"]) == 2
     _one_error_line(capsys, "--timeout=-1.0")

@@ -182,6 +182,11 @@ def test_cli_vectors(tmp_path, capsys):
                  "--sequences", "1", "--max-states", "50", "--no-progress"]) == 0
     assert "wrote" in capsys.readouterr().out
     assert main(["check", str(out)]) == 0
+    assert (out / "trtllm" / "sequences").is_dir()
+    none = tmp_path / "v0"  # no random sequences is a valid request: only the scenario vectors
+    assert main(["vectors", "--out", str(none), "--engine", "trtllm", "--scenario", "s10-sglang-slot-leak",
+                 "--sequences", "0", "--max-states", "50", "--no-progress"]) == 0
+    assert (none / "trtllm" / "scenarios").is_dir() and not (none / "trtllm" / "sequences").exists()
     for bad in (["--engine", "tgi"], ["--max-states", "0"], ["--sequences", "-1"], ["--scenario", "nope"]):
         target = tmp_path / "bad"
         assert main(["vectors", "--out", str(target), *bad]) == 2
