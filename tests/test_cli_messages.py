@@ -104,6 +104,9 @@ def test_explore_flags_are_checked(tmp_path, capsys):
     for n in ("0", "-5"):
         assert main(["explore", str(S7), "--no-progress", "--max-states", n]) == 2
         _one_error_line(capsys, f"--max-states={n}", "at least 1")
+    for flag in ("--max-states", "--max-depth"):  # 1 is the smallest bound, and a valid one
+        assert main(["explore", str(S7), "--no-progress", flag, "1"]) == 0
+        capsys.readouterr()
     assert main(["explore", str(S7), "--no-progress", "--format", "dot,png"]) == 2
     _one_error_line(capsys, "--format='png'")
 

@@ -968,6 +968,9 @@ def test_compare_reports_first_divergent_field():
     div = compare(Outcome("ok", "", {}, [dict(row, ttft_ms=1.5)]), Outcome("ok", "", {}, [dict(row, uuid="b")]))
     assert div.where == "record" and div.field == "ttft_ms" and div.ours == 1.5 and div.reference == 1.0
     assert compare(Outcome("ok", "", {}, [dict(row, ttft_ms=1.0 + 1e-15)]), Outcome("ok", "", {}, [row])) is None
+    # the line diff prints: the request by its arrival and lengths, then the field and both values
+    assert div.describe() == ("first divergence: request arriving at 0.0 ms (input 4, output 2), "
+                              "field ttft_ms: model 1.5, reference 1.0")
 
 
 # the compiled build's texts (recorded from 1.3.0.post1, see spec/fidelity.md FID-10)
