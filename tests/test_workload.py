@@ -348,10 +348,12 @@ def test_negative_timestamps_are_valid_after_normalization() -> None:
     assert [r.arrival_timestamp_ms for r in w.requests] == [0.0, 5.0]
 
 
-@pytest.mark.parametrize("ratio", [0.0, -1.0, math.inf, math.nan])
+@pytest.mark.parametrize("ratio", [0.0, -1.0, math.inf, math.nan, True, "2"])
 def test_speedup_ratio_must_be_finite_positive(ratio: float) -> None:
-    with pytest.raises(InvalidInput):
+    """WL-12: the model's API takes a number only (a case's boolean is converted before, DRV-19)."""
+    with pytest.raises(InvalidInput) as exc:
         load_trace_workload(rows_of({"timestamp": 0.0, "output_length": 1, "hash_ids": [1]}), 4, ratio)
+    assert exc.value.field == "arrival_speedup_ratio"
 
 
 def test_stable_sort_keeps_file_order_for_ties_and_ids_follow_file_order() -> None:
@@ -472,12 +474,15 @@ def test_synthetic_prefix_tokens_do_not_depend_on_group() -> None:
      {"turns_per_session": 0, "shared_prefix_ratio": 0.5},
      {"arrival_interval_ms": -1.0}, {"arrival_interval_ms": math.inf}, {"inter_turn_delay_ms": -1.0},
      {"shared_prefix_ratio": 1.5}, {"replay_concurrency": 0},
-     {"num_prefix_groups": -1}, {"num_prefix_groups": 1.5}, {"num_prefix_groups": "2"}],
+     {"num_prefix_groups": -1}, {"num_prefix_groups": 1.5}, {"num_prefix_groups": "2"},
+     {"arrival_interval_ms": True}, {"arrival_interval_ms": "1"}, {"inter_turn_delay_ms": "x"}],
 )
 def test_synthetic_rejections(kw: dict) -> None:
+    """WL-16 / WL-17: each bad setting is refused with its name (a boolean or a string too)."""
     base = dict(engine_block_size=16, input_tokens=8, output_tokens=2, request_count=2, turns_per_session=2)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInput) as exc:
         synthetic_replay_workload(**{**base, **kw})
+    assert exc.value.field in kw
 
 
 def test_zero_turns_per_session_is_accepted_on_the_flat_path() -> None:
