@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from mocker_spec.casegen import KINDS, generate_case
-from mocker_spec.reference import compare, run_model, run_reference
+from mocker_spec.reference import check_loaded_case, compare, run_model, run_reference
 
 #: the case family used here (the fidelity figure in spec/fidelity.md uses family 1)
 SEED = 2
@@ -131,12 +131,7 @@ def test_live_engine_args_dialects_match_the_reference(reference_python, tmp_pat
                                  ("bool-case", boolean, False), ("bool-json", boolean, True)]:
         job = dict(base, engine_args=args, **({"from_cli": True} if from_cli else {}))
         ref = run_reference(job, timeout_s=TIMEOUT_S, python=reference_python)
-        try:
-            ours = run_model(job)
-        except Exception as exc:  # an InvalidInput: compared as diff --corpus does
-            from mocker_spec.reference import Outcome
-            ours = Outcome("error", exc.reason, refused=exc.field, refused_value=exc.value)
-        div = compare(ours, ref)
+        _, _, div = check_loaded_case(job, ref)  # a model refusal compared as diff --corpus does
         assert div is None, f"{name}: {div.describe()}"
         statuses[name] = ref.status
     assert statuses == {"upper-case": "error", "upper-json": "ok", "bool-case": "ok", "bool-json": "error"}
