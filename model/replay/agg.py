@@ -6,7 +6,7 @@ mode: an event heap of worker completions, one drain loop per timestamp.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 from model.engine_args import EngineArgs
 from model.report import TerminalStatus, TraceCollector
@@ -15,11 +15,11 @@ from model.workload import ReplayRequest
 from .admission import make_admission, record_visible_pass, to_direct
 import attrs
 
-from .common import WORKER_COMPLETION, CanonicalCores, EventHeap, Pool, ReplayDeadEnd
+from .common import WORKER_COMPLETION, CanonicalCores, ClockedRun, EventHeap, Pool, ReplayDeadEnd
 from .livelock import CycleDetector, ReplayLivelock, TimedWatch, canonical_state, diagnose
 
 
-class _AggRun:
+class _AggRun(ClockedRun):
     """Local scratch of one aggregated run (never escapes :func:`run_agg`)."""
 
     def __init__(self, args, num_workers, requests, concurrency, collector, on_progress, max_sim_time_ms=None):
@@ -151,38 +151,15 @@ class _AggRun:
     def is_done(self) -> bool:
         return self.events.is_empty() and self.pool.in_flight() == 0 and self.adm.is_drained() and self.pool.is_drained()
 
-    def next_timestamp(self) -> Optional[float]:
-        a = self.adm.next_ready_time_ms()
-        e = self.events.next_ms()
-        if a is None:
-            return e
-        if e is None:
-            return a
-        return min(a, e)
+    def worker_counts(self) -> Tuple[int, int]:
+        return 0, len(self.pool.workers)
 
-    def advance_now(self, new_now: float) -> None:
-        dt = max(new_now - self.now, 0.0)
-        if dt > 0.0:
-            self.col = self.col.add_worker_seconds(0.0, float(len(self.pool.workers)) * dt / 1000.0)
-        self.now = new_now
-
-    def run(self) -> TraceCollector:
-        self.drain_current_timestamp()
-        while not self.is_done():
-            nxt = self.next_timestamp()
-            if nxt is None:
-                n = self.pool.in_flight()
-                raise ReplayDeadEnd(
-                    f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-16",
-                    stuck=self.pool.stuck(),
-                )
-            if self.max_sim_time_ms is not None and nxt > self.max_sim_time_ms:  # DRV-18
-                break
-            self.watch_timed_cycle()
-            self.advance_now(nxt)
-            self.drain_current_timestamp()
-        return self.col
-
+    def dead_end(self) -> ReplayDeadEnd:
+        n = self.pool.in_flight()
+        return ReplayDeadEnd(
+            f"offline replay reached a dead end with {n} in-flight requests remaining", n, rule="DRV-16",
+            stuck=self.pool.stuck(),
+        )
 
 def run_agg(
     args: EngineArgs,

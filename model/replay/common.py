@@ -23,6 +23,7 @@ __all__ = [
     "Pool",
     "made_progress",
     "PassEffects",
+    "ClockedRun",
 ]
 
 
@@ -300,3 +301,44 @@ def count_map(d: Dict[Any, int], key: Any, delta: int) -> None:
         d[key] = v
     else:
         d.pop(key, None)
+
+
+class ClockedRun:
+    """The clock shared by the multi-worker runtimes (DRV-15 aggregated, DIS-15 disaggregated).
+
+    A subclass holds ``now``, ``col``, ``events``, ``adm`` and ``max_sim_time_ms`` and provides
+    ``drain_current_timestamp``, ``is_done``, ``watch_timed_cycle``, ``worker_counts`` (the two
+    pools' sizes, for the collector's worker-seconds) and ``dead_end`` (the error of DRV-16 / DIS-15).
+    """
+
+    def next_timestamp(self) -> Optional[float]:
+        """The earlier of the next admission and the next event, ``None`` when neither exists."""
+        a = self.adm.next_ready_time_ms()
+        e = self.events.next_ms()
+        if a is None:
+            return e
+        if e is None:
+            return a
+        return min(a, e)
+
+    def advance_now(self, new_now: float) -> None:
+        """Move the clock, charging every worker of both pools for the time that passed."""
+        dt = max(new_now - self.now, 0.0)
+        if dt > 0.0:
+            prefill, decode = self.worker_counts()
+            self.col = self.col.add_worker_seconds(float(prefill) * dt / 1000.0, float(decode) * dt / 1000.0)
+        self.now = new_now
+
+    def run(self):
+        """Drain each timestamp, then jump to the next one, until done, stuck or past the cap."""
+        self.drain_current_timestamp()
+        while not self.is_done():
+            nxt = self.next_timestamp()
+            if nxt is None:
+                raise self.dead_end()
+            if self.max_sim_time_ms is not None and nxt > self.max_sim_time_ms:  # DRV-18
+                break
+            self.watch_timed_cycle()
+            self.advance_now(nxt)
+            self.drain_current_timestamp()
+        return self.col

@@ -38,6 +38,7 @@ from .common import (
     TRANSFER_COMPLETE,
     WORKER_COMPLETION,
     CanonicalCores,
+    ClockedRun,
     EventHeap,
     Pool,
     ReplayDeadEnd,
@@ -185,7 +186,7 @@ def _outcome_of_cleanup(result) -> Outcome:
     raise ReplayError(f"handoff cleanup returned an unexpected result {result!r}", rule="DIS-9")
 
 
-class _DisaggRun:
+class _DisaggRun(ClockedRun):
     """Local scratch of one disaggregated run (never escapes :func:`run_disagg`)."""
 
     def __init__(self, prefill_args, decode_args, num_prefill, num_decode, requests, concurrency, collector, on_progress,
@@ -662,40 +663,15 @@ class _DisaggRun:
             and not self.by_handoff
         )
 
-    def next_timestamp(self) -> Optional[float]:
-        a = self.adm.next_ready_time_ms()
-        e = self.events.next_ms()
-        if a is None:
-            return e
-        if e is None:
-            return a
-        return min(a, e)
+    def worker_counts(self) -> Tuple[int, int]:
+        return len(self.prefill.workers), len(self.decode.workers)
 
-    def advance_now(self, new_now: float) -> None:
-        dt = max(new_now - self.now, 0.0)
-        if dt > 0.0:
-            self.col = self.col.add_worker_seconds(
-                float(len(self.prefill.workers)) * dt / 1000.0, float(len(self.decode.workers)) * dt / 1000.0
-            )
-        self.now = new_now
-
-    def run(self) -> TraceCollector:
-        self.drain_current_timestamp()
-        while not self.is_done():
-            nxt = self.next_timestamp()
-            if nxt is None:
-                n = self.logical_in_flight
-                raise ReplayDeadEnd(
-                    f"offline disagg replay reached a dead end with {n} in-flight requests remaining", n, rule="DIS-15",
-                    stuck=self.prefill.stuck() + self.decode.stuck(),
-                )
-            if self.max_sim_time_ms is not None and nxt > self.max_sim_time_ms:  # DRV-18
-                break
-            self.watch_timed_cycle()
-            self.advance_now(nxt)
-            self.drain_current_timestamp()
-        return self.col
-
+    def dead_end(self) -> ReplayDeadEnd:
+        n = self.logical_in_flight
+        return ReplayDeadEnd(
+            f"offline disagg replay reached a dead end with {n} in-flight requests remaining", n, rule="DIS-15",
+            stuck=self.prefill.stuck() + self.decode.stuck(),
+        )
 
 def run_disagg(
     prefill_args: EngineArgs,
