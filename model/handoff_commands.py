@@ -213,6 +213,27 @@ NOOP_EFFECTS = CommandEffects(NOOP)
 IDLE_RETRY = RetryEffects((), ())
 
 
+def command_on_core(core: Any, open_txn: Any, command: Command, allow: bool, now_ms: Optional[float]):
+    """CMD-1..CMD-9 on a frozen core: ``(new core, effects)``, the KV events of the transaction
+    included. ``open_txn(core)`` opens the core's transaction. A command that names nothing held
+    returns the core itself (CORE-7)."""
+    if names_nothing_held(core.ledger, command):
+        return core, NOOP_EFFECTS
+    txn = open_txn(core)
+    effects = apply_command_effects(txn, command, allow, now_ms)
+    return txn.freeze(), CommandEffects(effects.result, effects.lifecycle_events, tuple(txn.kv_events))
+
+
+def retry_on_core(core: Any, open_txn: Any, now_ms: Optional[float]):
+    """RETRY-1..RETRY-4 on a frozen core: ``(new core, RetryEffects)``; an idle retry returns the
+    core itself (CORE-7)."""
+    if retry_is_idle(core.ledger):
+        return core, IDLE_RETRY
+    txn = open_txn(core)
+    events = retry(txn, now_ms)
+    return txn.freeze(), RetryEffects(events, tuple(txn.kv_events))
+
+
 def _after_capacity_change(txn: CoreTxn, now_ms: Optional[float]) -> CommandEffects:
     """CMD-9: an ``Applied`` release/cancel/activate always runs the retry, whatever ``allow`` says (S3)."""
     return CommandEffects(APPLIED, retry(txn, now_ms))

@@ -27,13 +27,13 @@ from . import handoff_commands as hc
 from . import sglang_kv as skv
 from . import timing
 from .admission import AdmissionInvariant, AdmissionStage
-from .core import Deferred, MockerMetrics, PassResult, RetryEffects
+from .core import Deferred, MockerMetrics, PassResult
 from .engine_args import EngineArgs, EngineType, SchedulePolicy, SglangConfig, WorkerType
 from .errors import DestinationPromptTooLarge, InternalInvariantBroken, RequestAlreadyActive
 from .fpm import accept_length_sample, build_fpm_snapshot
 from .ids import HandoffId, RequestId
 from .ledger import HandoffLedger
-from .protocol import AdmissionEvent, Command, CommandEffects, DirectRequest, OutputSignal, SourceHeld
+from .protocol import AdmissionEvent, Command, DirectRequest, OutputSignal, SourceHeld
 from .radix_cache import CacheTxn, new_radix_cache
 from .sglang_request import SglangRequest, ceil_to_block, floor_to_block, new_request
 from .source_holds import Held, Release
@@ -749,11 +749,7 @@ class _Ops:
     @staticmethod
     def apply_command_effects(core: SglangCore, command: Command, allow: bool = True, now_ms: Optional[float] = None):
         """CMD-1..CMD-9 on the SGLang core."""
-        if hc.names_nothing_held(core.ledger, command):
-            return core, hc.NOOP_EFFECTS  # CORE-7
-        txn = _Txn(core)
-        effects = hc.apply_command_effects(txn, command, allow, now_ms)
-        return txn.freeze(), CommandEffects(effects.result, effects.lifecycle_events, tuple(txn.kv_events))
+        return hc.command_on_core(core, _Txn, command, allow, now_ms)
 
     @staticmethod
     def execute_pass(core: SglangCore, now_ms: float):
@@ -763,11 +759,7 @@ class _Ops:
 
     @staticmethod
     def retry_pending_destinations(core: SglangCore, now_ms: Optional[float] = None):
-        if hc.retry_is_idle(core.ledger):
-            return core, hc.IDLE_RETRY  # CORE-7
-        txn = _Txn(core)
-        events = hc.retry(txn, now_ms)
-        return txn.freeze(), RetryEffects(events, tuple(txn.kv_events))
+        return hc.retry_on_core(core, _Txn, now_ms)
 
     is_empty = staticmethod(SglangCore.is_empty)
     is_drained = staticmethod(SglangCore.is_drained)

@@ -27,7 +27,7 @@ from . import sequence as seqm
 from . import timing
 from . import vllm_kv as kvm
 from .admission import AdmissionInvariant, AdmissionStage
-from .core import Deferred, MockerMetrics, PassResult, RetryEffects
+from .core import Deferred, MockerMetrics, PassResult
 from .engine_args import EngineArgs, EngineType, PreemptionMode, WorkerType
 from .errors import DestinationPromptTooLarge, DestinationUnsupported, InternalInvariantBroken, RequestAlreadyActive
 from .frozen import EMPTY as FROZEN_EMPTY
@@ -35,7 +35,7 @@ from .frozen import FrozenDict, adopt, draft
 from .fpm import ForwardPassSnapshot, accept_length_sample, build_fpm_snapshot
 from .ids import HandoffId, RequestId
 from .ledger import HandoffLedger
-from .protocol import AdmissionEvent, Command, CommandEffects, DirectRequest, OutputSignal, SourceHeld
+from .protocol import AdmissionEvent, Command, DirectRequest, OutputSignal, SourceHeld
 from .source_holds import Held, Release
 
 USIZE_MAX = 2**64 - 1
@@ -965,11 +965,7 @@ class _Ops:
     @staticmethod
     def apply_command_effects(core: VllmCore, command: Command, allow: bool = True, now_ms: Optional[float] = None):
         """CMD-1..CMD-9 on the vLLM core."""
-        if hc.names_nothing_held(core.ledger, command):
-            return core, hc.NOOP_EFFECTS  # CORE-7
-        txn = _Txn(core)
-        effects = hc.apply_command_effects(txn, command, allow, now_ms)
-        return txn.freeze(), CommandEffects(effects.result, effects.lifecycle_events, tuple(txn.kv_events))
+        return hc.command_on_core(core, _Txn, command, allow, now_ms)
 
     @staticmethod
     def execute_pass(core: VllmCore, now_ms: float):
@@ -979,11 +975,7 @@ class _Ops:
 
     @staticmethod
     def retry_pending_destinations(core: VllmCore, now_ms: Optional[float] = None):
-        if hc.retry_is_idle(core.ledger):
-            return core, hc.IDLE_RETRY  # CORE-7
-        txn = _Txn(core)
-        events = hc.retry(txn, now_ms)
-        return txn.freeze(), RetryEffects(events, tuple(txn.kv_events))
+        return hc.retry_on_core(core, _Txn, now_ms)
 
     is_empty = staticmethod(VllmCore.is_empty)
     is_drained = staticmethod(VllmCore.is_drained)
