@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Check that every upstream citation in spec/ points into an existing file and range.
+
+The spec cites upstream as ``path:line`` or ``path:first-last`` at the pinned commit
+(spec/README.md). This script reads every ``*.md`` under the spec folder, resolves each cited path
+in the tree of that commit and reports a citation whose file is not there, or whose range is
+reversed or runs past the file's last line. It checks where a citation points, not what the cited
+lines say: that part stays a reader's job.
+
+A cited path is resolved in this order:
+1. a short name the spec file declares: `kvbm.rs` = lib/... or `handoff.rs` is `lib/...`;
+2. the path itself;
+3. ``mocker/...`` as ``lib/mocker/src/...``;
+4. any file whose path ends with ``/`` + the cited path (the citation holds when one of them, the
+   ones under ``lib/mocker/src/`` first, holds the range).
+Bare line numbers (``(817-830)`` in the core specs, which name their default file in prose) are not
+checked.
+
+Usage: python scripts/check_citations.py UPSTREAM [--commit REV] [--spec DIR]
+
+UPSTREAM is a clone (or bare git directory) of ai-dynamo/dynamo that holds the commit. Exit
+status: 0 when every citation resolves, 1 when some do not (one line each), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import re
+import subprocess
+import sys
+from typing import Dict, List, Optional, Tuple
+
+PINNED_COMMIT = "a822423412a0"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+#: ``name.rs:12`` or ``name.rs:12-40``
+CITATION = re.compile(r"(?<![\w./-])([A-Za-z0-9_][\w./-]*\.(?:rs|py|toml)):(\d+)(?:-(\d+))?")
+#: a declared short name: `kvbm.rs` = lib/... or `handoff.rs` is `lib/...`
+SHORT_NAME = re.compile(r"`([\w./-]+\.(?:rs|py))`\s*(?:=|is)\s*`?((?:lib|components)/[\w./-]+\.(?:rs|py))")
+
+
+class UpstreamTree:
+    """The files of one upstream commit, read through git."""
+
+    def __init__(self, upstream: str, commit: str) -> None:
+        self.upstream = upstream
+        self.commit = commit
+        listing = self._git("ls-tree", "-r", "--name-only", commit)
+        self.paths: List[str] = listing.split("\n") if listing else []
+        self._lines: Dict[str, int] = {}
+
+    def _git(self, *args: str) -> str:
+        proc = subprocess.run(["git", "-C", self.upstream, *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            msg = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"git {args[0]} failed"
+            raise RuntimeError(msg)
+        return proc.stdout.strip("\n")
+
+    def line_count(self, path: str) -> int:
+        if path not in self._lines:
+            text = self._git("show", f"{self.commit}:{path}")
+            self._lines[path] = text.count("\n") + 1 if text else 0
+        return self._lines[path]
+
+    def candidates(self, cited: str, short_names: Dict[str, str]) -> List[str]:
+        """Files the cited path may name, best first (see the module docstring)."""
+        if cited in short_names:
+            return [short_names[cited]] if short_names[cited] in self.paths else []
+        if cited in self.paths:
+            return [cited]
+        if cited.startswith("mocker/"):
+            full = "lib/mocker/src/" + cited[len("mocker/"):]
+            if full in self.paths:
+                return [full]
+        found = [p for p in self.paths if p.endswith("/" + cited)]
+        return sorted(found, key=lambda p: (not p.startswith("lib/mocker/src/"), p))
+
+
+def short_names_of(text: str) -> Dict[str, str]:
+    return {name: path for name, path in SHORT_NAME.findall(text)}
+
+
+def check_file(tree: UpstreamTree, md: pathlib.Path) -> Tuple[int, List[str]]:
+    """``(citations checked, problem lines)`` for one spec file."""
+    text = md.read_text(encoding="utf-8")
+    names = short_names_of(text)
+    checked = 0
+    problems: List[str] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        for m in CITATION.finditer(line):
+            cited, first = m.group(1), int(m.group(2))
+            last = int(m.group(3)) if m.group(3) else first
+            checked += 1
+            where = f"{md.name}:{lineno}: {m.group(0)}"
+            problem = _problem(tree, cited, first, last, names)
+            if problem is not None:
+                problems.append(f"{where}: {problem}")
+    return checked, problems
+
+
+def _problem(tree: UpstreamTree, cited: str, first: int, last: int, names: Dict[str, str]) -> Optional[str]:
+    if first < 1 or last < first:
+        return f"range {first}-{last} is empty or reversed"
+    cands = tree.candidates(cited, names)
+    if not cands:
+        return f"no file {cited} at {tree.commit}"
+    if any(tree.line_count(p) >= last for p in cands):
+        return None
+    sizes = ", ".join(f"{p} has {tree.line_count(p)} lines" for p in cands[:3])
+    return f"line {last} is past the end ({sizes})"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description="Check the spec's upstream citations against the pinned commit.")
+    parser.add_argument("upstream", help="a clone or bare git directory of ai-dynamo/dynamo")
+    parser.add_argument("--commit", default=PINNED_COMMIT, help=f"the pinned commit (default {PINNED_COMMIT})")
+    parser.add_argument("--spec", default=str(ROOT / "spec"), help="the folder of spec Markdown files")
+    args = parser.parse_args(argv)
+    spec = pathlib.Path(args.spec)
+    files = sorted(spec.glob("*.md"))
+    if not files:
+        print(f"error: --spec: no Markdown files under {spec}", file=sys.stderr)
+        return 2
+    try:
+        tree = UpstreamTree(args.upstream, args.commit)
+    except (RuntimeError, OSError) as exc:
+        print(f"error: upstream: {args.upstream}: {exc}", file=sys.stderr)
+        return 2
+    total = 0
+    problems: List[str] = []
+    for md in files:
+        n, found = check_file(tree, md)
+        total += n
+        problems.extend(found)
+    for p in problems:
+        print(p)
+    print(f"{total} citations in {len(files)} files checked against {args.commit}: "
+          f"{len(problems)} problem{'s' if len(problems) != 1 else ''}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""scripts/check_citations.py: a spec citation that names no file of the pinned commit, a reversed
+range or a range past the file's end is reported, with exit status 1; declared short names,
+``mocker/`` paths and unique suffixes resolve."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_citations", ROOT / "scripts" / "check_citations.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _git(repo: pathlib.Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+
+
+@pytest.fixture()
+def upstream(tmp_path):
+    """A two-file upstream: handoff.rs of 10 lines, core.rs of 3."""
+    repo = tmp_path / "up"
+    (repo / "lib/mocker/src/common").mkdir(parents=True)
+    (repo / "lib/mocker/src/scheduler").mkdir(parents=True)
+    (repo / "lib/mocker/src/common/handoff.rs").write_text("".join(f"line {i}\n" for i in range(1, 11)))
+    (repo / "lib/mocker/src/scheduler/core.rs").write_text("a\nb\nc\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "upstream")
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def _spec(tmp_path, text: str) -> pathlib.Path:
+    d = tmp_path / "spec"
+    d.mkdir()
+    (d / "x.md").write_text(text)
+    return d
+
+
+def test_resolvable_citations_pass(upstream, tmp_path, capsys):
+    repo, commit = upstream
+    spec = _spec(tmp_path, "`h.rs` = lib/mocker/src/common/handoff.rs\n"
+                           "h.rs:10, mocker/common/handoff.rs:1-10, core.rs:3, lib/mocker/src/scheduler/core.rs:2-3\n")
+    assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 0
+    assert capsys.readouterr().out.strip() == f"4 citations in 1 files checked against {commit}: 0 problems"
+
+
+def test_each_kind_of_broken_citation_is_one_line(upstream, tmp_path, capsys):
+    repo, commit = upstream
+    # core.rs has 3 lines, so :4 runs past its end; 9-2 is reversed; gone.rs is not in the tree
+    spec = _spec(tmp_path, "ok handoff.rs:5\ncore.rs:2-4 and handoff.rs:9-2\nsee gone.rs:1\n")
+    assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "x.md:2: core.rs:2-4: line 4 is past the end (lib/mocker/src/scheduler/core.rs has 3 lines)",
+        "x.md:2: handoff.rs:9-2: range 9-2 is empty or reversed",
+        f"x.md:3: gone.rs:1: no file gone.rs at {commit}",
+        f"4 citations in 1 files checked against {commit}: 3 problems",
+    ]
+
+
+def test_a_declared_short_name_wins_over_a_suffix(upstream, tmp_path, capsys):
+    repo, commit = upstream
+    # core.rs alone would resolve to scheduler/core.rs (3 lines); declared as handoff.rs, 8 is in range
+    spec = _spec(tmp_path, "`core.rs` = lib/mocker/src/common/handoff.rs\ncore.rs:8\n")
+    assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 0
+
+
+def test_bad_arguments_exit_2_with_one_line(upstream, tmp_path, capsys):
+    repo, commit = upstream
+    spec = _spec(tmp_path, "core.rs:1\n")
+    assert _checker().main([str(tmp_path / "nowhere"), "--spec", str(spec)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: upstream: {tmp_path / 'nowhere'}: ")
+    assert _checker().main([str(repo), "--commit", "0" * 40, "--spec", str(spec)]) == 2
+    assert _checker().main([str(repo), "--commit", commit, "--spec", str(tmp_path / "empty")]) == 2
+    assert "error: --spec: no Markdown files under" in capsys.readouterr().err
