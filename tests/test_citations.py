@@ -4,20 +4,15 @@ range or a range past the file's end is reported, with exit status 1; declared s
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import subprocess
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from script_loader import load_script
 
 
 def _checker():
-    spec = importlib.util.spec_from_file_location("check_citations", ROOT / "scripts" / "check_citations.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("check_citations")
 
 
 def _git(repo: pathlib.Path, *args: str) -> str:

@@ -227,13 +227,9 @@ def test_eventually_refuses_cooperative_only():
 
 
 def _campaign():
-    import importlib.util
+    from script_loader import load_script
 
-    root = LIB.parent.parent
-    spec = importlib.util.spec_from_file_location("scenario_campaign", root / "scripts" / "scenario_campaign.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scenario_campaign")
 
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -3,20 +3,17 @@ shows the group's violation again with a counterexample of the recorded length."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 
 from explorer import explore, scenario_from_dict
+from script_loader import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def _campaign():
-    spec = importlib.util.spec_from_file_location("scenario_campaign", ROOT / "scripts" / "scenario_campaign.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("scenario_campaign")
 
 
 def test_random_scenarios_are_a_function_of_seed_and_index_and_all_load():
