@@ -106,6 +106,12 @@ def _first_line(doc: Optional[str]) -> str:
     return " ".join(para.split())
 
 
+def _doc_body(doc: Optional[str]) -> str:
+    """Everything after a docstring's first paragraph, as one line ("" when there is none)."""
+    rest = inspect.cleandoc(doc or "").split("\n\n", 1)
+    return " ".join(rest[1].split()) if len(rest) > 1 else ""
+
+
 def slug(heading: str, seen: Optional[Dict[str, int]] = None) -> str:
     """The anchor a Markdown renderer (GitHub's rule) gives a heading."""
     text = re.sub(r"[`*_]{2,}|[`*]", "", heading).strip().lower()
@@ -713,20 +719,31 @@ def _steps_table(exp, v) -> str:
     identical consecutive steps that leave the view unchanged folded into one row."""
     steps, init_view = _path_views(exp, v)
     rows = [("0", "(initial)", "", *_view_cells(init_view))]
+    for num, name, adv, outcome, view in _fold_steps(steps, v.loop_index):
+        label = f"`{name}`" + (" [adv]" if adv else "")
+        rows.append((num, label, outcome, *_view_cells(view)))
+    return _table(("step", "action", "outcome", "waiting", "running", "free", "phases"), rows)
+
+
+def _fold_steps(steps, loop_index):
+    """Fold runs of consecutive steps that repeat the same action, outcome and view (MC-40).
+
+    ``steps`` are ``(number, action, adversarial, outcome, view)``; a run never crosses the step
+    a lasso loops back to (``loop_index``, 0-based), which starts a run of its own marked ``↻``.
+    Yields ``(number text, action, adversarial, outcome, view)``; a folded run's number text is
+    ``first–last (count×)``."""
     i = 0
     while i < len(steps):
         j = i
-        while (j + 1 < len(steps) and steps[j + 1][1:] == steps[i][1:] and steps[j + 1][4] == steps[i][4]
-               and (v.loop_index is None or not (i < v.loop_index <= j + 1))):
+        while (j + 1 < len(steps) and steps[j + 1][1:] == steps[i][1:]
+               and (loop_index is None or not (i < loop_index <= j + 1))):
             j += 1
         n, name, adv, outcome, view = steps[i]
-        label = f"`{name}`" + (" [adv]" if adv else "")
         num = str(n) if i == j else f"{n}–{steps[j][0]} ({j - i + 1}×)"
-        if v.loop_index is not None and i == v.loop_index:
+        if loop_index is not None and i == loop_index:
             num = "↻ " + num
-        rows.append((num, label, outcome, *_view_cells(view)))
+        yield num, name, adv, outcome, view
         i = j + 1
-    return _table(("step", "action", "outcome", "waiting", "running", "free", "phases"), rows)
 
 
 def gen_counterexamples(exps: _Explorations) -> Dict[str, str]:
@@ -833,9 +850,9 @@ def gen_cli(root: pathlib.Path) -> Dict[str, str]:
            f"`{parser.prog}`: {parser.description} Read from the argument parser",
            "(`mocker_spec.cli.build_parser`, with the subcommands its plugin modules add), so every",
            "subcommand and option is listed.\n"]
-    doc = inspect.cleandoc(cli.__doc__ or "").split("\n\n", 1)
-    if len(doc) > 1:
-        out.append(" ".join(doc[1].split()) + "\n")
+    body = _doc_body(cli.__doc__)
+    if body:
+        out.append(body + "\n")
     out.append(_table(("subcommand", "what"), ((f"[`{n}`](#{slug(n)})", h) for n, h, _ in subs)))
     for name, help_text, sub in subs:
         out.append(f"## {name}\n")
@@ -845,10 +862,8 @@ def gen_cli(root: pathlib.Path) -> Dict[str, str]:
             if func.__doc__:
                 lines.append(_first_line(func.__doc__))
             mod = importlib.import_module(func.__module__)
-            if mod is not cli and mod.__doc__:
-                rest = inspect.cleandoc(mod.__doc__).split("\n\n", 1)
-                if len(rest) > 1:
-                    lines.append(" ".join(rest[1].split()))
+            if mod is not cli and _doc_body(mod.__doc__):
+                lines.append(_doc_body(mod.__doc__))
             lines.append(f"Defined in `{func.__module__}`.")
         out.append(" ".join(lines) + "\n")
         rows = [_arg_row(a) for a in sub._actions if not isinstance(a, argparse._HelpAction)]

@@ -147,3 +147,26 @@ def test_each_invariant_can_fail(name):
 
 def test_every_registered_invariant_has_a_broken_state():
     assert {inv.name for inv in invariants.REGISTRY} == set(_CASES)
+
+
+def test_kv_ownership_message_counts_each_differing_block():
+    """VGEN-2: the message lists every full block whose KV references and owner count differ, as
+    ``(kv, owners)``. Dropping request a from the fixture (a: blocks [0-3] and [4-7]; b shares
+    [0-3]) leaves the shared block at (2 references, 1 owner) and a's own second block at (1, 0):
+    a block only the KV manager knows counts 0 owners."""
+    import ast
+
+    from invariants.vllm_core import kv_ownership_exact
+
+    v = _core("vllm")
+    broken = attrs.evolve(v, requests=FrozenDict({k: r for k, r in v.requests.items() if k != A}),
+                          running=v.running.remove(A), running_members=v.running_members - {A})
+    blocks = v.requests[A].sequence.unique_blocks
+    first, second = blocks[0].seq_hash, blocks[1].seq_hash
+    message = kv_ownership_exact(broken)
+    assert message.startswith("full-block references (kv, owners) differ: ")
+    assert ast.literal_eval(message.split(": ", 1)[1]) == {first: (2, 1), second: (1, 0)}
+    # the other way round: an owned block the KV manager forgot counts 0 references
+    forgot = attrs.evolve(v, kv=attrs.evolve(v.kv, active_full=FrozenDict(
+        {h: refs for h, refs in v.kv.active_full.items() if h != second})))
+    assert ast.literal_eval(kv_ownership_exact(forgot).split(": ", 1)[1]) == {second: (0, 1)}

@@ -77,6 +77,27 @@ def test_drawn_traces_record_and_conform(trace):
     assert S.check_trace(S.parse_trace_text(S.dumps_trace(objs))).conforms
 
 
+def test_command_strategy_draws_reservations_with_and_without_admission():
+    """HARN-3: a drawn reservation sometimes carries ``allow_destination_admission: false`` and
+    sometimes leaves it out (the default, true); both must be reachable."""
+    from hypothesis import find
+
+    ops = T.commands()
+    assert find(ops, lambda o: o.get("allow_destination_admission") is False)["op"] == "reserve_destination"
+    plain = find(ops, lambda o: o["op"] == "reserve_destination" and "allow_destination_admission" not in o)
+    assert set(plain) == {"op", "handoff_id", "request"}
+
+
+def test_trace_strategy_draws_at_least_one_step_by_default():
+    """HARN-3: ``traces()`` draws at least one operation unless ``min_steps`` says otherwise."""
+    from hypothesis import find
+    from hypothesis.errors import NoSuchExample
+
+    with pytest.raises(NoSuchExample):
+        find(T.traces(max_steps=2), lambda t: not t[1], settings=settings(max_examples=150, database=None))
+    assert find(T.traces(min_steps=0, max_steps=2), lambda t: not t[1])[1] == []
+
+
 def test_importing_the_kit_loads_neither_hypothesis_nor_pytest():
     """HARN-7 / HARN-8: the machine and the fixture are built on first use."""
     code = "import sys, model.testing; print('hypothesis' in sys.modules, 'pytest' in sys.modules)"

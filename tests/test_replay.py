@@ -550,6 +550,41 @@ def test_pool_accounting_busy_and_in_flight():
     assert pool.in_flight() == 0 and pool.is_drained()
 
 
+def test_pool_command_accounting_counts_what_each_result_adds_or_removes():
+    """DRV-4: +1 on a submitted handoff prefill and on an accepted reservation, -1 on an applied
+    destination cancel, and minus the requests an applied source cancel removed from the core.
+
+    The drivers never cancel a source whose request is still in the core (DIS-7: every cleanup
+    trigger comes after the prefill left it, so ``removed`` is 0 in a replay); the pool is driven
+    directly here so the subtraction itself is checked: an unfinished prefill is cancelled before
+    any pass, which removes one request and leaves the worker drained."""
+    from model.protocol import (
+        APPLIED,
+        CancelDestination,
+        CancelSource,
+        DirectRequest,
+        ReserveDestination,
+        SubmitHandoffPrefill,
+    )
+    from model.replay.common import Pool
+
+    prefill = Pool("prefill", _args(block_size=16, num_gpu_blocks=16, worker_type="prefill"), 1, visible=True)
+    w = prefill.workers[0]
+    prefill.apply_command(0, SubmitHandoffPrefill("h1", DirectRequest((5,) * 32, 1, "a")))
+    prefill.apply_command(0, SubmitHandoffPrefill("h2", DirectRequest((6,) * 32, 1, "b")))
+    assert w.in_flight == 2 and C.num_requests(w.core) == 2
+    eff = prefill.apply_command(0, CancelSource("h1"))
+    assert eff.result == APPLIED and w.in_flight == 1 and C.num_requests(w.core) == 1
+    eff = prefill.apply_command(0, CancelSource("h2"))
+    assert eff.result == APPLIED and w.in_flight == 0 and w.is_drained() and prefill.is_drained()
+
+    decode = Pool("decode", _args(block_size=16, num_gpu_blocks=16, worker_type="decode"), 1, visible=True)
+    decode.apply_command(0, ReserveDestination("h3", DirectRequest((7,) * 32, 1, "c")))
+    assert decode.in_flight() == 1
+    assert decode.apply_command(0, CancelDestination("h3")).result == APPLIED
+    assert decode.in_flight() == 0 and decode.is_drained()
+
+
 def test_s5_zero_progress_pass_bumps_the_generation_without_a_retry():
     """Upstream S5 (spec/model-checking.md §6), DRV-6 and DRV-7: a zero-time pass without progress
     is dropped, so nothing retries the pending head although the pass freed room for it.
