@@ -16,6 +16,10 @@ A cited path is resolved in this order:
 Bare line numbers (``(817-830)`` in the core specs, which name their default file in prose) are not
 checked.
 
+The tables of ported upstream tests are checked too: under a heading ``### lib/...rs`` (one or more
+paths), a row ``| module::test_name (LINE) | ...`` must give the line of ``fn test_name`` in one of
+the heading's files or of an attribute line (``#[test]``...) just above it.
+
 Usage: python scripts/check_citations.py UPSTREAM [--commit REV] [--spec DIR]
 
 UPSTREAM is a clone (or bare git directory) of ai-dynamo/dynamo that holds the commit. Exit
@@ -36,6 +40,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 #: ``name.rs:12`` or ``name.rs:12-40``
 CITATION = re.compile(r"(?<![\w./-])([A-Za-z0-9_][\w./-]*\.(?:rs|py|toml)):(\d+)(?:-(\d+))?")
+#: a heading over a table of upstream tests, and one row of it
+TEST_TABLE_HEADING = re.compile(r"^### .*?((?:lib|components)/\S+\.rs)")
+TEST_TABLE_PATHS = re.compile(r"(?:lib|components)/[\w./-]+\.rs")
+TEST_ROW = re.compile(r"^\| (?:\w+::)*(\w+)(?:, \d+ cases)? \((\d+)\) \|")
 #: a declared short name: `kvbm.rs` = lib/... or `handoff.rs` is `lib/...`
 SHORT_NAME = re.compile(r"`([\w./-]+\.(?:rs|py))`\s*(?:=|is)\s*`?((?:lib|components)/[\w./-]+\.(?:rs|py))")
 
@@ -49,6 +57,7 @@ class UpstreamTree:
         listing = self._git("ls-tree", "-r", "--name-only", commit)
         self.paths: List[str] = listing.split("\n") if listing else []
         self._lines: Dict[str, int] = {}
+        self._text: Dict[str, List[str]] = {}
 
     def _git(self, *args: str) -> str:
         proc = subprocess.run(["git", "-C", self.upstream, *args], capture_output=True, text=True)
@@ -59,9 +68,30 @@ class UpstreamTree:
 
     def line_count(self, path: str) -> int:
         if path not in self._lines:
-            text = self._git("show", f"{self.commit}:{path}")
-            self._lines[path] = text.count("\n") + 1 if text else 0
+            self._lines[path] = len(self.lines(path))
         return self._lines[path]
+
+    def lines(self, path: str) -> List[str]:
+        if path not in self._text:
+            text = self._git("show", f"{self.commit}:{path}")
+            self._text[path] = text.split("\n") if text else []
+        return self._text[path]
+
+    def test_lines(self, path: str, name: str) -> List[int]:
+        """The lines a test table may give for ``fn name`` in ``path``: the ``fn`` line and the
+        attribute lines right above it (doc comments between them are skipped)."""
+        lines = self.lines(path)
+        fn = re.compile(r"\bfn %s\b" % re.escape(name))
+        out: List[int] = []
+        for i, text in enumerate(lines):
+            if fn.search(text):
+                out.append(i + 1)
+                j = i - 1
+                while j >= 0 and lines[j].strip().startswith(("#[", "///", "//")):
+                    if lines[j].strip().startswith("#["):
+                        out.append(j + 1)
+                    j -= 1
+        return out
 
     def candidates(self, cited: str, short_names: Dict[str, str]) -> List[str]:
         """Files the cited path may name, best first (see the module docstring)."""
@@ -81,13 +111,22 @@ def short_names_of(text: str) -> Dict[str, str]:
     return {name: path for name, path in SHORT_NAME.findall(text)}
 
 
-def check_file(tree: UpstreamTree, md: pathlib.Path) -> Tuple[int, List[str]]:
-    """``(citations checked, problem lines)`` for one spec file."""
+def check_file(tree: UpstreamTree, md: pathlib.Path) -> Tuple[int, int, List[str]]:
+    """``(citations checked, test-table rows checked, problem lines)`` for one spec file."""
     text = md.read_text(encoding="utf-8")
     names = short_names_of(text)
-    checked = 0
+    checked = rows = 0
     problems: List[str] = []
+    table: List[str] = []  # the files of the test table under the current heading
     for lineno, line in enumerate(text.splitlines(), 1):
+        if line.startswith("#"):
+            table = TEST_TABLE_PATHS.findall(line) if TEST_TABLE_HEADING.match(line) else []
+        row = TEST_ROW.match(line) if table else None
+        if row:
+            rows += 1
+            problem = _row_problem(tree, table, row.group(1), int(row.group(2)))
+            if problem is not None:
+                problems.append(f"{md.name}:{lineno}: {row.group(1)} ({row.group(2)}): {problem}")
         for m in CITATION.finditer(line):
             cited, first = m.group(1), int(m.group(2))
             last = int(m.group(3)) if m.group(3) else first
@@ -96,7 +135,18 @@ def check_file(tree: UpstreamTree, md: pathlib.Path) -> Tuple[int, List[str]]:
             problem = _problem(tree, cited, first, last, names)
             if problem is not None:
                 problems.append(f"{where}: {problem}")
-    return checked, problems
+    return checked, rows, problems
+
+
+def _row_problem(tree: UpstreamTree, paths: List[str], name: str, line: int) -> Optional[str]:
+    found = [p for p in paths if p in tree.paths]
+    if not found:
+        return f"no file {' or '.join(paths)} at {tree.commit}"
+    places = {p: tree.test_lines(p, name) for p in found}
+    if any(line in ls for ls in places.values()):
+        return None
+    at = [f"{p}:{min(ls)}-{max(ls)}" for p, ls in places.items() if ls]
+    return f"fn {name} is at {', '.join(at)}" if at else f"no fn {name} in {', '.join(found)}"
 
 
 def _problem(tree: UpstreamTree, cited: str, first: int, last: int, names: Dict[str, str]) -> Optional[str]:
@@ -127,15 +177,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"error: upstream: {args.upstream}: {exc}", file=sys.stderr)
         return 2
-    total = 0
+    total = rows = 0
     problems: List[str] = []
     for md in files:
-        n, found = check_file(tree, md)
+        n, r, found = check_file(tree, md)
         total += n
+        rows += r
         problems.extend(found)
     for p in problems:
         print(p)
-    print(f"{total} citations in {len(files)} files checked against {args.commit}: "
+    print(f"{total} citations and {rows} test-table rows in {len(files)} files checked against {args.commit}: "
           f"{len(problems)} problem{'s' if len(problems) != 1 else ''}")
     return 1 if problems else 0
 

@@ -24,12 +24,21 @@ def _git(repo: pathlib.Path, *args: str) -> str:
 
 @pytest.fixture()
 def upstream(tmp_path):
-    """A two-file upstream: handoff.rs of 10 lines, core.rs of 3."""
+    """A three-file upstream: handoff.rs of 10 lines, core.rs of 3, and tests.rs with two tests."""
     repo = tmp_path / "up"
     (repo / "lib/mocker/src/common").mkdir(parents=True)
     (repo / "lib/mocker/src/scheduler").mkdir(parents=True)
     (repo / "lib/mocker/src/common/handoff.rs").write_text("".join(f"line {i}\n" for i in range(1, 11)))
     (repo / "lib/mocker/src/scheduler/core.rs").write_text("a\nb\nc\n")
+    (repo / "lib/mocker/src/scheduler/tests.rs").write_text(
+        "mod t {\n"                        # 1
+        "    #[test]\n"                    # 2
+        "    fn first() {}\n"              # 3
+        "    /// Documented.\n"            # 4
+        "    #[test]\n"                    # 5
+        "    #[should_panic]\n"            # 6
+        "    fn second() {}\n"             # 7
+        "}\n")
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "upstream")
@@ -48,7 +57,7 @@ def test_resolvable_citations_pass(upstream, tmp_path, capsys):
     spec = _spec(tmp_path, "`h.rs` = lib/mocker/src/common/handoff.rs\n"
                            "h.rs:10, mocker/common/handoff.rs:1-10, core.rs:3, lib/mocker/src/scheduler/core.rs:2-3\n")
     assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 0
-    assert capsys.readouterr().out.strip() == f"4 citations in 1 files checked against {commit}: 0 problems"
+    assert capsys.readouterr().out.strip() == f"4 citations and 0 test-table rows in 1 files checked against {commit}: 0 problems"
 
 
 def test_each_kind_of_broken_citation_is_one_line(upstream, tmp_path, capsys):
@@ -61,7 +70,7 @@ def test_each_kind_of_broken_citation_is_one_line(upstream, tmp_path, capsys):
         "x.md:2: core.rs:2-4: line 4 is past the end (lib/mocker/src/scheduler/core.rs has 3 lines)",
         "x.md:2: handoff.rs:9-2: range 9-2 is empty or reversed",
         f"x.md:3: gone.rs:1: no file gone.rs at {commit}",
-        f"4 citations in 1 files checked against {commit}: 3 problems",
+        f"4 citations and 0 test-table rows in 1 files checked against {commit}: 3 problems",
     ]
 
 
@@ -80,3 +89,18 @@ def test_bad_arguments_exit_2_with_one_line(upstream, tmp_path, capsys):
     assert _checker().main([str(repo), "--commit", "0" * 40, "--spec", str(spec)]) == 2
     assert _checker().main([str(repo), "--commit", commit, "--spec", str(tmp_path / "empty")]) == 2
     assert "error: --spec: no Markdown files under" in capsys.readouterr().err
+
+
+def test_test_table_rows_must_give_the_test_line(upstream, tmp_path, capsys):
+    """A ported-test table row gives the line of its test's ``fn`` or of an attribute right above
+    it; another line, or a test the heading's file lacks, is one problem line each."""
+    repo, commit = upstream
+    spec = _spec(tmp_path, "### lib/mocker/src/scheduler/tests.rs\n\n| upstream test (line) | port |\n|---|---|\n"
+                           "| t::first (2) | ok |\n| t::second (6) | ok |\n| second, 2 cases (7) | ok |\n"
+                           "| t::first (4) | wrong |\n| t::gone (1) | missing |\n\n## next\n| t::first (9) | not a table |\n")
+    assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "x.md:8: first (4): fn first is at lib/mocker/src/scheduler/tests.rs:2-3",
+        "x.md:9: gone (1): no fn gone in lib/mocker/src/scheduler/tests.rs",
+        f"0 citations and 5 test-table rows in 1 files checked against {commit}: 2 problems",
+    ]
