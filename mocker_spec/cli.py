@@ -186,15 +186,13 @@ def _prepare(args: argparse.Namespace):
     """Parse and validate everything before anything runs: ``(job, setup, workload)``."""
     from model.errors import InvalidInput
 
-    from .reference import setup_from_job, workload_from_job
+    from .reference import check_job_setup, setup_from_job, workload_from_job
 
     _check_numbers(args)
     job = _job_from_args(args)
     try:
         setup = setup_from_job(job)
-        from model.replay import check_setup
-
-        check_setup(setup)
+        check_job_setup(job, setup)
         workload = workload_from_job(job, setup)
     except InvalidInput as exc:
         if exc.field == "trace" and exc.value is None and job.get("trace_file") is not None:

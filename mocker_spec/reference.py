@@ -431,6 +431,15 @@ def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
     )
 
 
+def check_job_setup(job: Mapping[str, Any], setup: ReplaySetup) -> None:
+    """DRV-1: the binding's argument checks for ``job``, in the order of its entry point (the trace
+    file's or the synthetic workload's), before any workload is read."""
+    if job.get("trace_file") is not None:
+        check_setup(setup, trace_format=binding_arguments(job).get("trace_format", "mooncake"))
+    else:
+        check_setup(setup, synthetic=True)
+
+
 def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
     """The workload of a job: a trace file (WL-14) or synthetic requests (WL-16/WL-17), from the
     converted replay arguments (DRV-19)."""
@@ -467,7 +476,7 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
 def run_model(job: Mapping[str, Any]) -> Outcome:
     """Run the oracle on ``job``; bad input propagates as :class:`InvalidInput`."""
     setup = setup_from_job(job)
-    check_setup(setup)  # before the workload, as upstream checks its arguments before the trace
+    check_job_setup(job, setup)  # before the workload, as upstream checks its arguments before the trace
     workload = workload_from_job(job, setup)
     try:
         col = run_replay(setup, workload)
@@ -574,6 +583,9 @@ _TRACE_LINE_REFUSAL = re.compile(r"^failed to parse line (\d+) from .+ as JSON$"
 #: sequence's validator, sequence.rs:58,109; the model refuses it, SEQ-3)
 _VALIDATION_PANIC = re.compile(r'^the reference crashed: pyo3_runtime\.PanicException: .*ValidationErrors\(\{"(\w+)"')
 _EMPTY_TRACE = re.compile(r"^trace file .+ did not contain any requests$")
+#: FID-11: the compiled build lists one more trace format than the pin, so the refusal's text
+#: differs; the refused value is compared instead
+_TRACE_FORMAT_REFUSAL = re.compile(r"^trace_format must be .+, got '(.*)'$")
 
 
 def _same_refusal(ours: Outcome, ref_message: str) -> bool:
@@ -597,6 +609,9 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
         return field.startswith(f"trace line {line.group(1)}:")
     if _EMPTY_TRACE.match(ref_message):
         return ours.message == "trace file did not contain any requests"
+    fmt = _TRACE_FORMAT_REFUSAL.match(ref_message)
+    if fmt:
+        return field == "trace_format" and ours.refused_value == fmt.group(1)
     if field.split(".")[0] not in _ENGINE_ARGS_KEYS:
         return False
     last = field.split(".")[-1]

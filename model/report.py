@@ -233,8 +233,7 @@ class RequestTimeline:
 # ---------------------------------------------------------------------------
 
 
-def _check_sla(instance: object, attribute: attrs.Attribute, value: float | None) -> None:
-    name = f"sla_{attribute.name}"  # the binding's argument name
+def _check_sla(name: str, value: float | None) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -248,11 +247,20 @@ def _check_sla(instance: object, attribute: attrs.Attribute, value: float | None
 
 @attrs.frozen
 class SlaThresholds:
-    """REP-12: goodput SLA; each bound that is set must hold (``<=``)."""
+    """REP-12: goodput SLA; each bound that is set must hold (``<=``).
 
-    ttft_ms: float | None = attrs.field(default=None, validator=_check_sla)
-    itl_ms: float | None = attrs.field(default=None, validator=_check_sla)
-    e2e_ms: float | None = attrs.field(default=None, validator=_check_sla)
+    The bounds are checked by :meth:`check`, not when built: the binding checks them at one
+    point of its argument order (DRV-1), which ``check_setup`` follows."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def check(self) -> "SlaThresholds":
+        """REP-12: upstream ``validate_sla_threshold`` on ttft, itl, then e2e; returns ``self``."""
+        for name in ("ttft_ms", "itl_ms", "e2e_ms"):
+            _check_sla(f"sla_{name}", getattr(self, name))  # the binding's argument names
+        return self
 
     @property
     def is_set(self) -> bool:
@@ -348,7 +356,7 @@ class TraceCollector:
         return attrs.evolve(self, capture_per_request=value)
 
     def with_sla(self, sla: SlaThresholds) -> "TraceCollector":
-        return attrs.evolve(self, sla=sla)
+        return attrs.evolve(self, sla=sla.check())
 
     def add_worker_seconds(self, prefill: float, decode: float) -> "TraceCollector":
         return attrs.evolve(self, accounting=self.accounting.add_worker_seconds(prefill, decode))

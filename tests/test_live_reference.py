@@ -135,3 +135,42 @@ def test_live_engine_args_dialects_match_the_reference(reference_python, tmp_pat
         assert div is None, f"{name}: {div.describe()}"
         statuses[name] = ref.status
     assert statuses == {"upper-case": "error", "upper-json": "ok", "bool-case": "ok", "bool-json": "error"}
+
+
+@pytest.mark.reference
+def test_live_argument_check_order_matches_the_reference(reference_python, tmp_path):
+    """DRV-1: given two bad arguments, the model refuses the one the compiled build refuses, on the
+    trace entry point (worker counts, then router_mode, then trace_format, max_sim_time_ms, the SLA,
+    replay_concurrency) and on the synthetic one (the SLA first). The recorded goldens
+    ``args-order-*`` keep five trace-entry pairs; these run live, so a new build is checked too."""
+    case, rows = generate_case(SEED, 0)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    args = {"block_size": 16, "num_gpu_blocks": 256}
+    agg = {"mode": "agg", "num_workers": 1, "engine_args": args, "trace_block_size": 16}
+    disagg = {"mode": "disagg", "trace_block_size": 16, "num_prefill_workers": 1, "num_decode_workers": 1,
+              "prefill_engine_args": dict(args, worker_type="prefill"),
+              "decode_engine_args": dict(args, worker_type="decode")}
+    synthetic = {"synthetic": {"input_tokens": 32, "output_tokens": 2, "request_count": 2}}
+    jobs = {
+        "cli-workers-before-router": dict(agg, from_cli=True, num_prefill_workers=2, router_mode="bogus"),
+        "disagg-workers-before-concurrency": dict(disagg, from_cli=True, num_workers=2, replay_concurrency=-1),
+        "router-before-format": dict(agg, router_mode="bogus", trace_format="bogus"),
+        "format-before-concurrency": dict(agg, trace_format="bogus", replay_concurrency=-1),
+        "cap-before-concurrency": dict(agg, max_sim_time_ms=-1.0, replay_concurrency=-1),
+        "sla-before-args18": dict(disagg, sla_e2e_ms=-1.0, decode_engine_args=dict(args, worker_type="prefill")),
+        "synthetic-sla-before-router": dict(agg, router_mode="bogus", sla_ttft_ms=-1.0, **synthetic),
+        "synthetic-sla-before-workers": dict(agg, from_cli=True, num_prefill_workers=2, sla_itl_ms=-1.0, **synthetic),
+        "synthetic-router-before-concurrency": dict(agg, router_mode="bogus", replay_concurrency=-1, **synthetic),
+    }
+    refused = {}
+    for name, job in jobs.items():
+        if "synthetic" not in job:
+            job = dict(job, trace_file=str(trace))
+        ref = run_reference(job, timeout_s=TIMEOUT_S, python=reference_python)
+        assert ref.status == "error", f"{name}: {ref.label()}"
+        _, _, div = check_loaded_case(job, ref)
+        assert div is None, f"{name}: {div.describe()}"
+        refused[name] = ref.message.split(" ", 1)[0]
+    assert refused["synthetic-sla-before-router"] == "sla_ttft_ms"
+    assert refused["router-before-format"] == "router_mode"

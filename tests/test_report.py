@@ -544,9 +544,14 @@ def test_sla_thresholds_reject_negative_or_non_finite() -> None:
     """REP-12: upstream ``validate_sla_threshold``."""
     for bad, shown in ((-1.0, "-1"), (math.inf, "inf"), (math.nan, "NaN")):  # texts from the compiled build
         with pytest.raises(InvalidInput) as err:
-            SlaThresholds(ttft_ms=bad)
+            SlaThresholds(ttft_ms=bad).check()
         assert err.value.reason == f"sla_ttft_ms must be a finite, non-negative value, got {shown}"
     assert SlaThresholds(e2e_ms=0.0).is_set
+    with pytest.raises(InvalidInput) as err:  # checked in argument order: ttft, itl, e2e
+        SlaThresholds(ttft_ms=None, itl_ms=-2.0, e2e_ms=-1.0).check()
+    assert err.value.field == "sla_itl_ms"
+    with pytest.raises(InvalidInput):
+        TraceCollector().with_sla(SlaThresholds(e2e_ms=-1.0))
 
 
 def test_worker_seconds_accumulated_and_static() -> None:

@@ -21,7 +21,7 @@ import attrs
 from model.engine_args import EngineArgs, check_aggregated_replay_args, check_disagg_replay_args
 from model.errors import InvalidInput
 from model.report import SlaThresholds, TraceCollector
-from model.workload import FlatWorkload, SessionWorkload
+from model.workload import FlatWorkload, SessionWorkload, canonical_trace_format
 
 from .admission import WorkloadDriver
 from .agg import run_agg
@@ -63,34 +63,24 @@ class ReplaySetup:
         return self.prefill_args is not None or self.decode_args is not None
 
 
-def check_setup(setup: ReplaySetup) -> None:
-    """DRV-1: upstream's argument checks, in its order (validate.rs:9-173; binding:1689-1695);
-    DRV-18: the binding's check of ``max_sim_time_ms``."""
-    cap = setup.max_sim_time_ms
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap)
-                            or cap < 0.0):
-        raise InvalidInput("max_sim_time_ms", cap, "max_sim_time_ms must be a finite, non-negative value",
-                           rule="DRV-18")
+def check_setup(setup: ReplaySetup, *, trace_format: Optional[str] = None, synthetic: bool = False) -> None:
+    """DRV-1: the binding's argument checks, in its order, then upstream's (validate.rs:9-173).
+
+    Trace entry point (binding:876-935): the args and worker counts, ``router_mode``, the
+    ``trace_format`` when given (WL-19), ``max_sim_time_ms`` (DRV-18), the SLA thresholds (REP-12),
+    ``replay_concurrency`` (binding:1689-1695), then validate.rs's mode checks (ARGS-18). The
+    synthetic entry point (``synthetic=True``, binding:1128-1169) checks the SLA thresholds first.
+    Given two bad arguments, the refusal names the earlier one, as the compiled build does."""
+    if synthetic:
+        setup.sla.check()
     for name in ("num_workers", "num_prefill_workers", "num_decode_workers"):
         v = getattr(setup, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise InvalidInput(name, v, "must be a non-negative integer", rule="DRV-1")
-    if setup.replay_concurrency is not None and (
-        isinstance(setup.replay_concurrency, bool)
-        or not isinstance(setup.replay_concurrency, int)
-        or setup.replay_concurrency < 1
-    ):
-        raise InvalidInput("replay_concurrency", setup.replay_concurrency, "replay_concurrency must be at least 1",
-                           rule="DRV-1")
-    if setup.router_mode not in ("round_robin", "kv_router"):
-        raise InvalidInput("router_mode", setup.router_mode,
-                           f"router_mode must be either 'round_robin' or 'kv_router', got '{setup.router_mode}'",
-                           rule="DRV-1")
     if setup.engine_args is not None and setup.is_disagg:
         raise InvalidInput("extra_engine_args", "given",
                            "extra_engine_args cannot be combined with prefill_engine_args/decode_engine_args",
                            rule="DRV-1")
-    mode = "trace replay" if setup.replay_concurrency is None else "concurrency replay"  # ARGS-18's texts
     if setup.is_disagg:
         if setup.prefill_args is None or setup.decode_args is None:
             raise InvalidInput("prefill_engine_args" if setup.prefill_args is None else "decode_engine_args", None,
@@ -99,15 +89,37 @@ def check_setup(setup: ReplaySetup) -> None:
             raise InvalidInput("num_workers", setup.num_workers,
                                "num_workers is only used for aggregated replay; use num_prefill_workers and "
                                "num_decode_workers for disagg replay", rule="DRV-1")
+    elif setup.num_prefill_workers != 1 or setup.num_decode_workers != 1:
+        bad = "num_prefill_workers" if setup.num_prefill_workers != 1 else "num_decode_workers"
+        raise InvalidInput(bad, getattr(setup, bad),
+                           "num_prefill_workers and num_decode_workers are only used for disagg replay; "
+                           "use num_workers for aggregated replay", rule="DRV-1")
+    if setup.router_mode not in ("round_robin", "kv_router"):
+        raise InvalidInput("router_mode", setup.router_mode,
+                           f"router_mode must be either 'round_robin' or 'kv_router', got '{setup.router_mode}'",
+                           rule="DRV-1")
+    if trace_format is not None:
+        canonical_trace_format(trace_format)
+    cap = setup.max_sim_time_ms
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap)
+                            or cap < 0.0):
+        raise InvalidInput("max_sim_time_ms", cap, "max_sim_time_ms must be a finite, non-negative value",
+                           rule="DRV-18")
+    if not synthetic:
+        setup.sla.check()
+    if setup.replay_concurrency is not None and (
+        isinstance(setup.replay_concurrency, bool)
+        or not isinstance(setup.replay_concurrency, int)
+        or setup.replay_concurrency < 1
+    ):
+        raise InvalidInput("replay_concurrency", setup.replay_concurrency, "replay_concurrency must be at least 1",
+                           rule="DRV-1")
+    mode = "trace replay" if setup.replay_concurrency is None else "concurrency replay"  # ARGS-18's texts
+    if setup.is_disagg:
         check_disagg_replay_args(setup.prefill_args, setup.decode_args, setup.num_prefill_workers,
                                  setup.num_decode_workers, mode)
         handoff_order(setup.prefill_args, setup.decode_args)
     else:
-        if setup.num_prefill_workers != 1 or setup.num_decode_workers != 1:
-            bad = "num_prefill_workers" if setup.num_prefill_workers != 1 else "num_decode_workers"
-            raise InvalidInput(bad, getattr(setup, bad),
-                               "num_prefill_workers and num_decode_workers are only used for disagg replay; "
-                               "use num_workers for aggregated replay", rule="DRV-1")
         if setup.router_mode == "kv_router" and setup.num_workers <= 1:
             raise InvalidInput("router_mode", "kv_router",
                                "offline replay only supports router_mode=kv_router when num_workers > 1", rule="DRV-1")
