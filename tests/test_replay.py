@@ -1074,6 +1074,13 @@ def test_a_refusal_agrees_only_with_a_model_refusal_of_the_same_argument():
     assert compare(Outcome("error", "the vLLM sequence needs block_size >= 2", refused="block_size"), panic) is None
     assert compare(ours("engine_args.max_num_seqs"), panic).where == "status"
     assert compare(Outcome("error", "the vLLM sequence needs block_size >= 2"), panic).where == "status"
+    # FID-11: the build lists one more trace format; the refused value is compared (golden
+    # args-order-format-before-cap holds the recorded text)
+    fmt = Outcome("error", "trace_format must be 'mooncake', 'mooncake-delta', 'agentic_mooncake'/'agentic-mooncake', "
+                           "'applied_compute_agentic', or 'dynamo', got 'csv'")
+    assert compare(Outcome("error", "x", refused="trace_format", refused_value="csv"), fmt) is None
+    assert compare(Outcome("error", "x", refused="trace_format", refused_value="tsv"), fmt).where == "status"
+    assert compare(Outcome("error", "x", refused="router_mode", refused_value="csv"), fmt).where == "status"
 
 
 # the binding's conversion texts, recorded from 1.3.0.post1 (run_mocker_trace_replay called with
