@@ -8,7 +8,8 @@ reversed or runs past the file's last line. It checks where a citation points, n
 lines say: that part stays a reader's job.
 
 A cited path is resolved in this order:
-1. a short name the spec file declares: `kvbm.rs` = lib/... or `handoff.rs` is `lib/...`;
+1. a short name the spec file declares: `kvbm.rs` = lib/... or `handoff.rs` is `lib/...`, or an
+   abbreviation it declares (`RC` = `lib/...rs`, or `SB:n` cites `lib/...rs`), cited as ``RC:12``;
 2. the path itself;
 3. ``mocker/...`` as ``lib/mocker/src/...``;
 4. any file whose path ends with ``/`` + the cited path (the citation holds when one of them, the
@@ -18,7 +19,8 @@ checked.
 
 The tables of ported upstream tests are checked too: under a heading ``### lib/...rs`` (one or more
 paths), a row ``| module::test_name (LINE) | ...`` must give the line of ``fn test_name`` in one of
-the heading's files or of an attribute line (``#[test]``...) just above it.
+the heading's files or of an attribute line (``#[test]``...) just above it; so must a row
+``| `test_name` (FILE:LINE) | ...`` anywhere, FILE being a cited path or a declared abbreviation.
 
 Usage: python scripts/check_citations.py UPSTREAM [--commit REV] [--spec DIR]
 
@@ -44,6 +46,9 @@ CITATION = re.compile(r"(?<![\w./-])([A-Za-z0-9_][\w./-]*\.(?:rs|py|toml)):(\d+)
 TEST_TABLE_HEADING = re.compile(r"^### .*?((?:lib|components)/\S+\.rs)")
 TEST_TABLE_PATHS = re.compile(r"(?:lib|components)/[\w./-]+\.rs")
 TEST_ROW = re.compile(r"^\| (?:\w+::)*(\w+)(?:, \d+ cases)? \((\d+)\) \|")
+TEST_ROW_CITED = re.compile(r"^\| `(\w+)` \(([A-Z]{2,}|[\w./-]+\.rs):(\d+)(?:, [^)]*)?\) \|")
+#: a declared abbreviation: `RC` = `lib/...rs`, or `SB:n` cites `lib/...rs`
+ABBREVIATION = re.compile(r"`([A-Z]{2,})(?::n)?`\s*(?:=|cites)\s*`((?:lib|components)/[\w./-]+\.rs)`")
 #: a declared short name: `kvbm.rs` = lib/... or `handoff.rs` is `lib/...`
 SHORT_NAME = re.compile(r"`([\w./-]+\.(?:rs|py))`\s*(?:=|is)\s*`?((?:lib|components)/[\w./-]+\.(?:rs|py))")
 
@@ -87,9 +92,17 @@ class UpstreamTree:
             if fn.search(text):
                 out.append(i + 1)
                 j = i - 1
-                while j >= 0 and lines[j].strip().startswith(("#[", "///", "//")):
-                    if lines[j].strip().startswith("#["):
+                while j >= 0:
+                    text_j = lines[j].strip()
+                    if text_j.startswith("#["):
                         out.append(j + 1)
+                    elif text_j.endswith("]") and not text_j.startswith("//"):
+                        # the last line of an attribute written over several lines
+                        while j > 0 and not lines[j].strip().startswith("#["):
+                            j -= 1
+                        out.append(j + 1)
+                    elif not text_j.startswith("//"):
+                        break
                     j -= 1
         return out
 
@@ -108,7 +121,20 @@ class UpstreamTree:
 
 
 def short_names_of(text: str) -> Dict[str, str]:
-    return {name: path for name, path in SHORT_NAME.findall(text)}
+    names = {name: path for name, path in SHORT_NAME.findall(text)}
+    names.update(ABBREVIATION.findall(text))
+    return names
+
+
+def _citations(line: str, names: Dict[str, str]):
+    """``(text, cited path, first, last)`` of each citation on ``line``."""
+    for m in CITATION.finditer(line):
+        yield m.group(0), m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else int(m.group(2))
+    abbrevs = [n for n in names if re.fullmatch(r"[A-Z]{2,}", n)]
+    if abbrevs:
+        pattern = r"(?<![\w./-])(%s):(\d+)(?:-(\d+))?" % "|".join(map(re.escape, abbrevs))
+        for m in re.finditer(pattern, line):
+            yield m.group(0), m.group(1), int(m.group(2)), int(m.group(3)) if m.group(3) else int(m.group(2))
 
 
 def check_file(tree: UpstreamTree, md: pathlib.Path) -> Tuple[int, int, List[str]]:
@@ -127,11 +153,17 @@ def check_file(tree: UpstreamTree, md: pathlib.Path) -> Tuple[int, int, List[str
             problem = _row_problem(tree, table, row.group(1), int(row.group(2)))
             if problem is not None:
                 problems.append(f"{md.name}:{lineno}: {row.group(1)} ({row.group(2)}): {problem}")
-        for m in CITATION.finditer(line):
-            cited, first = m.group(1), int(m.group(2))
-            last = int(m.group(3)) if m.group(3) else first
+        cited_row = TEST_ROW_CITED.match(line)
+        if cited_row:
+            rows += 1
+            name, cited = cited_row.group(1), cited_row.group(2)
+            paths = tree.candidates(cited, names)[:1] or [names.get(cited, cited)]
+            problem = _row_problem(tree, paths, name, int(cited_row.group(3)))
+            if problem is not None:
+                problems.append(f"{md.name}:{lineno}: {name} ({cited}:{cited_row.group(3)}): {problem}")
+        for text_, cited, first, last in _citations(line, names):
             checked += 1
-            where = f"{md.name}:{lineno}: {m.group(0)}"
+            where = f"{md.name}:{lineno}: {text_}"
             problem = _problem(tree, cited, first, last, names)
             if problem is not None:
                 problems.append(f"{where}: {problem}")

@@ -38,6 +38,11 @@ def upstream(tmp_path):
         "    #[test]\n"                    # 5
         "    #[should_panic]\n"            # 6
         "    fn second() {}\n"             # 7
+        "    #[test]\n"                    # 8
+        "    #[should_panic(\n"            # 9
+        "        expected = \"x\"\n"       # 10
+        "    )]\n"                         # 11
+        "    fn third() {}\n"              # 12
         "}\n")
     _git(repo, "init", "-q")
     _git(repo, "add", ".")
@@ -103,4 +108,21 @@ def test_test_table_rows_must_give_the_test_line(upstream, tmp_path, capsys):
         "x.md:8: first (4): fn first is at lib/mocker/src/scheduler/tests.rs:2-3",
         "x.md:9: gone (1): no fn gone in lib/mocker/src/scheduler/tests.rs",
         f"0 citations and 5 test-table rows in 1 files checked against {commit}: 2 problems",
+    ]
+
+
+def test_abbreviations_and_cited_test_rows(upstream, tmp_path, capsys):
+    """An abbreviation the file declares (`HO` = `path`, or `TS:n` cites `path`) resolves like a
+    short name, and a row ``| `test` (ABBR:LINE, note) |`` must give its test's line."""
+    repo, commit = upstream
+    spec = _spec(tmp_path, "* `HO` = `lib/mocker/src/common/handoff.rs`\n`TS:n` cites\n`lib/mocker/src/scheduler/tests.rs`\n"
+                           "HO:10 and HO:9-11 and TS:7\n"
+                           "| `first` (TS:3) | ok |\n| `second` (TS:5, should_panic) | ok |\n| `second` (TS:4) | doc line |\n"
+                           "| `third` (TS:8) | ok |\n| `third` (TS:10) | inside the attribute |\n")
+    assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "x.md:4: HO:9-11: line 11 is past the end (lib/mocker/src/common/handoff.rs has 10 lines)",
+        "x.md:7: second (TS:4): fn second is at lib/mocker/src/scheduler/tests.rs:5-7",
+        "x.md:9: third (TS:10): fn third is at lib/mocker/src/scheduler/tests.rs:8-12",
+        f"8 citations and 5 test-table rows in 1 files checked against {commit}: 3 problems",
     ]
