@@ -57,6 +57,13 @@ def _spec(tmp_path, text: str) -> pathlib.Path:
     return d
 
 
+def _check(upstream, tmp_path, capsys, text: str):
+    """Run the checker on one spec file holding ``text``: ``(exit status, output lines)``."""
+    repo, commit = upstream
+    status = _checker().main([str(repo), "--commit", commit, "--spec", str(_spec(tmp_path, text))])
+    return status, capsys.readouterr().out.splitlines()
+
+
 def test_resolvable_citations_pass(upstream, tmp_path, capsys):
     repo, commit = upstream
     spec = _spec(tmp_path, "`h.rs` = lib/mocker/src/common/handoff.rs\n"
@@ -99,30 +106,28 @@ def test_bad_arguments_exit_2_with_one_line(upstream, tmp_path, capsys):
 def test_test_table_rows_must_give_the_test_line(upstream, tmp_path, capsys):
     """A ported-test table row gives the line of its test's ``fn`` or of an attribute right above
     it; another line, or a test the heading's file lacks, is one problem line each."""
-    repo, commit = upstream
-    spec = _spec(tmp_path, "### lib/mocker/src/scheduler/tests.rs\n\n| upstream test (line) | port |\n|---|---|\n"
-                           "| t::first (2) | ok |\n| t::second (6) | ok |\n| second, 2 cases (7) | ok |\n"
-                           "| t::first (4) | wrong |\n| t::gone (1) | missing |\n\n## next\n| t::first (9) | not a table |\n")
-    assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 1
-    assert capsys.readouterr().out.splitlines() == [
+    commit = upstream[1]
+    assert _check(upstream, tmp_path, capsys,
+                  "### lib/mocker/src/scheduler/tests.rs\n\n| upstream test (line) | port |\n|---|---|\n"
+                  "| t::first (2) | ok |\n| t::second (6) | ok |\n| second, 2 cases (7) | ok |\n"
+                  "| t::first (4) | wrong |\n| t::gone (1) | missing |\n\n## next\n| t::first (9) | not a table |\n") == (1, [
         "x.md:8: first (4): fn first is at lib/mocker/src/scheduler/tests.rs:2-3",
         "x.md:9: gone (1): no fn gone in lib/mocker/src/scheduler/tests.rs",
         f"0 citations and 5 test-table rows in 1 files checked against {commit}: 2 problems",
-    ]
+    ])
 
 
 def test_abbreviations_and_cited_test_rows(upstream, tmp_path, capsys):
     """An abbreviation the file declares (`HO` = `path`, or `TS:n` cites `path`) resolves like a
     short name, and a row ``| `test` (ABBR:LINE, note) |`` must give its test's line."""
-    repo, commit = upstream
-    spec = _spec(tmp_path, "* `HO` = `lib/mocker/src/common/handoff.rs`\n`TS:n` cites\n`lib/mocker/src/scheduler/tests.rs`\n"
-                           "HO:10 and HO:9-11 and TS:7\n"
-                           "| `first` (TS:3) | ok |\n| `second` (TS:5, should_panic) | ok |\n| `second` (TS:4) | doc line |\n"
-                           "| `third` (TS:8) | ok |\n| `third` (TS:10) | inside the attribute |\n")
-    assert _checker().main([str(repo), "--commit", commit, "--spec", str(spec)]) == 1
-    assert capsys.readouterr().out.splitlines() == [
+    commit = upstream[1]
+    assert _check(upstream, tmp_path, capsys,
+                  "* `HO` = `lib/mocker/src/common/handoff.rs`\n`TS:n` cites\n`lib/mocker/src/scheduler/tests.rs`\n"
+                  "HO:10 and HO:9-11 and TS:7\n"
+                  "| `first` (TS:3) | ok |\n| `second` (TS:5, should_panic) | ok |\n| `second` (TS:4) | doc line |\n"
+                  "| `third` (TS:8) | ok |\n| `third` (TS:10) | inside the attribute |\n") == (1, [
         "x.md:4: HO:9-11: line 11 is past the end (lib/mocker/src/common/handoff.rs has 10 lines)",
         "x.md:7: second (TS:4): fn second is at lib/mocker/src/scheduler/tests.rs:5-7",
         "x.md:9: third (TS:10): fn third is at lib/mocker/src/scheduler/tests.rs:8-12",
         f"8 citations and 5 test-table rows in 1 files checked against {commit}: 3 problems",
-    ]
+    ])
