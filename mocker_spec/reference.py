@@ -546,12 +546,13 @@ def _row_key(r: Mapping[str, Any]) -> Tuple:
 #: FID-10: the ways the compiled build words a refusal of its engine arguments (raised while
 #: ``MockEngineArgs(...)`` is built, before any replay), each capturing the argument it names:
 #: the validator's ranges and cross-field rules (``__all__``; common/protocols.rs:1307-1309,
-#: bindings replay.rs:317-323), the binding's argument conversion, an unknown keyword, an unknown
-#: engine type; a negative count names none
+#: bindings replay.rs:317-323), the JSON dialect's serde and validator errors (a CLI job, DRV-19),
+#: the binding's argument conversion, an unknown keyword, an unknown engine type; a negative count
+#: names none
 _ARG_REFUSALS = tuple(re.compile(p) for p in (
     r"^Failed to (?:normalize|build) MockEngineArgs: (?:Failed to validate MockEngineArgs: )?(\w+): ",
     r"^argument '(\w+)': ",
-    r"^Failed to parse MockEngineArgs JSON: (\w+): ",
+    r"^Failed to parse MockEngineArgs JSON: (?:Failed to validate MockEngineArgs: )?(\w+): ",
     r"unexpected keyword argument '(\w+)'",
     r"^(engine_type) must be one of ",
     r"^(worker_type) must be one of ",

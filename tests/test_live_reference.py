@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 
+import attrs
 import pytest
 
 from mocker_spec.casegen import KINDS, generate_case
@@ -135,6 +136,36 @@ def test_live_engine_args_dialects_match_the_reference(reference_python, tmp_pat
         assert div is None, f"{name}: {div.describe()}"
         statuses[name] = ref.status
     assert statuses == {"upper-case": "error", "upper-json": "ok", "bool-case": "ok", "bool-json": "error"}
+
+
+@pytest.mark.reference
+def test_live_json_dialect_validation_refusals_agree(reference_python, tmp_path):
+    """FID-10, DRV-19: a CLI job's engine arguments that parse but fail validation are refused with
+    the JSON dialect's prefix before the validator's text; each agrees with the model's refusal of
+    the same argument (a range on either pool, a cross-field rule), and not with another one."""
+    case, rows = generate_case(SEED, 0)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    args = {"block_size": 16, "num_gpu_blocks": 256}
+    disagg = {"mode": "disagg", "from_cli": True, "trace_block_size": 16, "trace_file": str(trace),
+              "num_prefill_workers": 1, "num_decode_workers": 1,
+              "prefill_engine_args": dict(args, worker_type="prefill"),
+              "decode_engine_args": dict(args, worker_type="decode")}
+    jobs = {
+        "prefill-range": dict(disagg, prefill_engine_args=dict(args, worker_type="prefill", num_gpu_blocks=0)),
+        "decode-range": dict(disagg, decode_engine_args=dict(args, worker_type="decode", max_num_seqs=0)),
+        "cross-field": {"mode": "agg", "from_cli": True, "num_workers": 1, "trace_block_size": 16,
+                        "trace_file": str(trace), "engine_args": {"engine_type": "sglang", "block_size": 8,
+                                                                  "num_gpu_blocks": 64, "sglang": {"page_size": 4}}},
+    }
+    for name, job in jobs.items():
+        ref = run_reference(job, timeout_s=TIMEOUT_S, python=reference_python)
+        assert ref.status == "error" and ref.message.startswith("Failed to parse MockEngineArgs JSON: "), name
+        ours, _, div = check_loaded_case(job, ref)
+        assert div is None, f"{name}: {div.describe()}"
+        # the same text against a refusal of another argument is a divergence
+        other = attrs.evolve(ours, refused=ours.refused.split(".", 1)[0] + ".max_num_batched_tokens")
+        assert compare(other, ref) is not None, name
 
 
 @pytest.mark.reference

@@ -1026,6 +1026,11 @@ _CROSS = ('Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs
     ("can't convert negative int to unsigned", ""),
     ("Failed to parse MockEngineArgs JSON: max_num_seqs: invalid type: boolean `true`, expected usize at line 1 "
      "column 62", "max_num_seqs"),  # the JSON dialect (a CLI job, DRV-19)
+    # the JSON dialect's validator texts (recorded from 1.3.0.post1 with a CLI job's prefill args)
+    ('Failed to parse MockEngineArgs JSON: Failed to validate MockEngineArgs: num_gpu_blocks: Validation error: '
+     'range [{"value": Number(0), "min": Number(1)}]', "num_gpu_blocks"),
+    (_CROSS.replace("Failed to normalize", "Failed to parse", 1).replace("MockEngineArgs:", "MockEngineArgs JSON:", 1),
+     "__all__"),
     ("worker_type must be one of 'aggregated', 'prefill', or 'decode', got 'AGGREGATED'", "worker_type"),
     ("preemption_mode must be either 'lifo' or 'fifo', got 'FIFO'", "preemption_mode"),
     ("Invalid kv_transfer_timing_mode 'X'. Must be 'full_prompt' or 'destination_missing'.",
