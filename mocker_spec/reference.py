@@ -552,7 +552,8 @@ def _row_key(r: Mapping[str, Any]) -> Tuple:
 _ARG_REFUSALS = tuple(re.compile(p) for p in (
     r"^Failed to (?:normalize|build) MockEngineArgs: (?:Failed to validate MockEngineArgs: )?(\w+): ",
     r"^argument '(\w+)': ",
-    r"^Failed to parse MockEngineArgs JSON: (?:Failed to validate MockEngineArgs: )?(\w+): ",
+    r"^Failed to parse MockEngineArgs JSON: (?:Failed to validate MockEngineArgs: )?(?:\w+[.\[])*?([\w\[\]]+): ",
+    r"^Failed to parse MockEngineArgs JSON: Invalid (\w+):? '",
     r"unexpected keyword argument '(\w+)'",
     r"^(engine_type) must be one of ",
     r"^(worker_type) must be one of ",
@@ -561,6 +562,10 @@ _ARG_REFUSALS = tuple(re.compile(p) for p in (
     r"^invalid (router_queue_policy) ",
     r"^()can't convert negative int to unsigned$",
 ))
+#: FID-10: refusals whose text names no argument but only one argument can give
+_UNNAMED_ARG_REFUSALS = (
+    (re.compile(r"^Failed to parse MockEngineArgs JSON: unknown queue policy: "), "router_queue_policy"),
+)
 _ENGINE_ARGS_KEYS = ("engine_args", "prefill_engine_args", "decode_engine_args")
 #: FID-10: the further arguments of a validation error, one line each after the first
 _MORE_INVALID = re.compile(r"\n(\w+): ")
@@ -576,6 +581,9 @@ def refused_argument(message: str) -> Optional[str]:
         m = pattern.search(text)
         if m:
             return m.group(1)
+    for pattern, name in _UNNAMED_ARG_REFUSALS:
+        if pattern.search(text):
+            return name
     return None
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import attrs
 
@@ -648,11 +648,7 @@ def _parse_nested(field: str, value: Any, fields: tuple[tuple[str, str], ...], d
                   required: bool) -> dict[str, Any]:
     """ARGS-11: a nested object (``sglang``, ``trtllm``, ``reasoning``)."""
     if isinstance(value, (list, tuple)) and dialect == "json":
-        # serde also accepts a struct as a sequence of all its fields, in order.
-        if len(value) != len(fields):
-            raise InvalidInput(field, value, f"invalid length {len(value)}, expected {len(fields)} elements",
-                               rule="ARGS-13")
-        value = {name: item for (name, _), item in zip(fields, value)}
+        return _parse_nested_sequence(field, value, fields, dialect, required)
     if not isinstance(value, Mapping):
         raise InvalidInput(field, value, "invalid type, expected an object", rule="ARGS-13")
     known = {name for name, _ in fields}
@@ -673,6 +669,31 @@ def _parse_nested(field: str, value: Any, fields: tuple[tuple[str, str], ...], d
         for name, _ in fields:
             if name not in out:
                 raise InvalidInput(f"{field}.{name}", None, "missing field", rule="ARGS-13")
+    return out
+
+
+def _parse_nested_sequence(field: str, value: Sequence[Any], fields: tuple[tuple[str, str], ...],
+                           dialect: str, required: bool) -> dict[str, Any]:
+    """ARGS-11: serde's sequence form of a nested object, read as serde reads it: element by element
+    in declaration order, each checked before the next is looked at (a bad element is named by its
+    index, ``sglang[1]``); then too few elements are an invalid length and too many are trailing
+    characters, both naming the object."""
+    out: dict[str, Any] = {}
+    for index, (name, kind) in enumerate(fields):
+        if index == len(value):
+            raise InvalidInput(field, value, f"invalid length {len(value)}, expected {len(fields)} elements",
+                               rule="ARGS-13")
+        item = value[index]
+        if item is None:
+            if required:
+                raise InvalidInput(f"{field}[{index}]", item, f"invalid type: null, expected {kind}",
+                                   rule="ARGS-13")
+            out[name] = None
+        else:
+            out[name] = _parse_scalar(f"{field}[{index}]", item, kind, dialect)
+    if len(value) > len(fields):
+        raise InvalidInput(field, value, f"trailing characters: {len(value)} elements, expected {len(fields)}",
+                           rule="ARGS-13")
     return out
 
 

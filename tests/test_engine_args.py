@@ -272,6 +272,34 @@ def test_args11_nested_object_as_a_sequence_in_json_only():
     rejects({"engine_type": "sglang", "sglang": tuple(members.values())}, "sglang", "ARGS-13", dialect="kwargs")
 
 
+@pytest.mark.parametrize("seq, field, text", [
+    # recorded from the compiled build (a CLI job's JSON engine arguments): serde reads the
+    # elements in order and refuses the first bad one by its index, before counting them
+    (["lpm", "x"], "sglang[1]", "invalid type"),  # `sglang[1]: invalid type: string "x", expected usize`
+    (["lpm", "x", 1, 1, 1, 1.0], "sglang[1]", "invalid type"),
+    (["lpm"], "sglang", "invalid length 1, expected 6 elements"),  # `sglang: invalid length 1, ...`
+    ([], "sglang", "invalid length 0, expected 6 elements"),
+    (["lpm", 16, 1024, 64, 32, 0.5, 7], "sglang", "trailing characters"),  # `sglang: trailing characters ...`
+    ([1, 16, 1024, 64, 32, 0.5, 7], "sglang[0]", "invalid type"),  # elements first, then the count
+])
+def test_args11_sequence_form_is_read_element_by_element(seq, field, text):
+    """ARGS-11, ARGS-13: a nested object in serde's sequence form is checked element by element in
+    declaration order; a missing element is an invalid length and an extra one is trailing
+    characters, both naming the object."""
+    error = rejects({"engine_type": "sglang", "sglang": seq}, field, "ARGS-13")
+    assert text in str(error)
+
+
+def test_args11_sequence_form_nulls():
+    """ARGS-11, ARGS-13: in the sequence form a null member of an optional object is None (the
+    build runs ``[null, 16, ...]``), and a null member of ``reasoning`` is refused by its index
+    (`reasoning[0]: invalid type: null, expected u32`)."""
+    args = engine_args_from_json({"engine_type": "sglang", "sglang": [None, 16, 1024, 64, 32, 0.5]})
+    assert args.sglang.schedule_policy is None and args.sglang.page_size == 16
+    error = rejects({"reasoning": [None, None, None]}, "reasoning[0]", "ARGS-13")
+    assert "invalid type: null, expected u32" in str(error)
+
+
 # ---------------------------------------------------------------------------
 # Ranges and cross-field rules (ARGS-6, ARGS-10, ARGS-14, ARGS-15)
 # ---------------------------------------------------------------------------

@@ -142,7 +142,8 @@ def test_live_engine_args_dialects_match_the_reference(reference_python, tmp_pat
 def test_live_json_dialect_validation_refusals_agree(reference_python, tmp_path):
     """FID-10, DRV-19: a CLI job's engine arguments that parse but fail validation are refused with
     the JSON dialect's prefix before the validator's text; each agrees with the model's refusal of
-    the same argument (a range on either pool, a cross-field rule), and not with another one."""
+    the same argument (a range on either pool, a cross-field rule, serde's errors in nested objects
+    and its enumeration texts), and not with another one."""
     case, rows = generate_case(SEED, 0)
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
@@ -158,6 +159,16 @@ def test_live_json_dialect_validation_refusals_agree(reference_python, tmp_path)
                         "trace_file": str(trace), "engine_args": {"engine_type": "sglang", "block_size": 8,
                                                                   "num_gpu_blocks": 64, "sglang": {"page_size": 4}}},
     }
+    agg = {"mode": "agg", "from_cli": True, "num_workers": 1, "trace_block_size": 16, "trace_file": str(trace)}
+    sglang = dict(args, engine_type="sglang")
+    for name, engine_args in {  # serde's own texts in the same dialect (ARGS-11, ARGS-13)
+        "member-path": dict(sglang, sglang={"page_size": 16, "max_prefill_tokens": "x"}),
+        "sequence-element": dict(sglang, sglang=["lpm", "x"]),
+        "sequence-too-long": dict(sglang, sglang=["lpm", 16, 1024, 64, 32, 0.5, 7]),
+        "enum-text": dict(args, preemption_mode="x"),
+        "unnamed-enum-text": dict(args, router_queue_policy="X"),
+    }.items():
+        jobs[name] = dict(agg, engine_args=engine_args)
     for name, job in jobs.items():
         ref = run_reference(job, timeout_s=TIMEOUT_S, python=reference_python)
         assert ref.status == "error" and ref.message.startswith("Failed to parse MockEngineArgs JSON: "), name

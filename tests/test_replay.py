@@ -1031,6 +1031,19 @@ _CROSS = ('Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs
      'range [{"value": Number(0), "min": Number(1)}]', "num_gpu_blocks"),
     (_CROSS.replace("Failed to normalize", "Failed to parse", 1).replace("MockEngineArgs:", "MockEngineArgs JSON:", 1),
      "__all__"),
+    # ... its paths into nested objects (by member, or by index in the sequence form) and its
+    # enumeration texts, one of which names no argument
+    ('Failed to parse MockEngineArgs JSON: sglang.max_prefill_tokens: invalid type: string "x", expected usize '
+     'at line 1 column 120', "max_prefill_tokens"),
+    ('Failed to parse MockEngineArgs JSON: sglang[1]: invalid type: string "x", expected usize at line 1 '
+     'column 88', "sglang[1]"),
+    ("Failed to parse MockEngineArgs JSON: sglang: trailing characters at line 1 column 109", "sglang"),
+    ("Failed to parse MockEngineArgs JSON: Invalid engine_type 'foo'. Must be 'vllm', 'sglang', or 'trtllm'.",
+     "engine_type"),
+    ("Failed to parse MockEngineArgs JSON: Invalid preemption_mode: 'x'. Must be 'lifo' or 'fifo'.",
+     "preemption_mode"),
+    ('Failed to parse MockEngineArgs JSON: unknown queue policy: "X", expected \'fcfs\', \'lcfs\', or \'wspt\'',
+     "router_queue_policy"),
     ("worker_type must be one of 'aggregated', 'prefill', or 'decode', got 'AGGREGATED'", "worker_type"),
     ("preemption_mode must be either 'lifo' or 'fifo', got 'FIFO'", "preemption_mode"),
     ("Invalid kv_transfer_timing_mode 'X'. Must be 'full_prompt' or 'destination_missing'.",
