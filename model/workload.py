@@ -689,7 +689,12 @@ def synthetic_requests(
     _check_count("input_tokens", input_tokens)
     _check_count("output_tokens", output_tokens)
     _check_count("request_count", request_count)
-    _check_nonneg("arrival_interval_ms", arrival_interval_ms, "WL-16")
+    v = arrival_interval_ms
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0.0):
+        # this path's text also quotes the value (binding:1776-1781), WL-17's does not
+        raise InvalidInput("arrival_interval_ms", v, "arrival_interval_ms must be a finite non-negative "
+                           f"number, got {rust_display(float(v))}", rule="WL-16")
+    _check_nonneg("arrival_interval_ms", v, "WL-16")
     interval = float(arrival_interval_ms)
     return tuple(
         ReplayRequest(

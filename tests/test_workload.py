@@ -430,6 +430,20 @@ def test_synthetic_flat_requests() -> None:
     assert [r.arrival_timestamp_ms for r in one.requests] == [None] * 3
 
 
+@pytest.mark.parametrize("interval, shown", [(float("nan"), "NaN"), (-1.0, "-1"), (float("inf"), "inf"),
+                                             (-0.25, "-0.25")])
+def test_synthetic_interval_refusal_quotes_the_value_on_the_flat_path_only(interval, shown) -> None:
+    """WL-16, WL-17: the flat path's refusal of a bad arrival interval ends with `, got VALUE` in
+    Rust's float display (recorded from the compiled build: `..., got NaN`); the session path's
+    text, reached when another option selects it, quotes nothing."""
+    with pytest.raises(InvalidInput) as flat:
+        synthetic_replay_workload(16, 8, 3, 2, interval)
+    assert flat.value.reason == f"arrival_interval_ms must be a finite non-negative number, got {shown}"
+    with pytest.raises(InvalidInput) as session:
+        synthetic_replay_workload(16, 8, 3, 2, interval, shared_prefix_ratio=0.5)
+    assert session.value.reason == "arrival_interval_ms must be a finite non-negative number"
+
+
 @pytest.mark.parametrize("kw", [{"turns_per_session": 2}, {"shared_prefix_ratio": 0.5},
                                 {"num_prefix_groups": 1}, {"inter_turn_delay_ms": 1.0}])
 def test_synthetic_workload_path_selection(kw: dict) -> None:
