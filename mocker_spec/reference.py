@@ -134,7 +134,7 @@ def mk(a):
         return c.MockEngineArgs.from_json(json.dumps(a))
     # nested sub-arguments are keyword arguments of their own constructors (ARGS-11)
     a = dict(a)
-    for key, cls in (("sglang", "SglangArgs"), ("trtllm", "TrtllmArgs")):
+    for key, cls in (("reasoning", "ReasoningConfig"), ("sglang", "SglangArgs"), ("trtllm", "TrtllmArgs")):
         if isinstance(a.get(key), dict):
             a[key] = getattr(c, cls)(**a[key])
     return c.MockEngineArgs(**a)
@@ -552,6 +552,7 @@ def _row_key(r: Mapping[str, Any]) -> Tuple:
 _ARG_REFUSALS = tuple(re.compile(p) for p in (
     r"^Failed to (?:normalize|build) MockEngineArgs: (?:Failed to validate MockEngineArgs: )?(\w+): ",
     r"^argument '(\w+)': ",
+    r"^Failed to parse MockEngineArgs JSON: [\w.\[\]]+: missing field `(\w+)`",
     r"^Failed to parse MockEngineArgs JSON: (?:Failed to validate MockEngineArgs: )?(?:\w+[.\[])*?([\w\[\]]+): ",
     r"^Failed to parse MockEngineArgs JSON: Invalid (\w+):? '",
     r"unexpected keyword argument '(\w+)'",
@@ -560,7 +561,13 @@ _ARG_REFUSALS = tuple(re.compile(p) for p in (
     r"^(preemption_mode) must be either ",
     r"^Invalid (kv_transfer_timing_mode) ",
     r"^invalid (router_queue_policy) ",
+    r"^Failed to load (planner_profile_data) from ",
     r"^()can't convert negative int to unsigned$",
+    r"^()out of range integral type conversion attempted$",
+    r"^()int too big to convert$",
+    r"^()Python int too large to convert to C long$",
+    r"__new__\(\) missing \d+ required positional arguments?: '(\w+)'",
+    r"^Failed to parse MockEngineArgs JSON: (\w+) must not be null$",
 ))
 #: FID-10: refusals whose text names no argument but only one argument can give
 _UNNAMED_ARG_REFUSALS = (
@@ -609,9 +616,17 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
     if field is None:
         return False
     named = refused_argument(ref_message)
-    if named == "":
+    if named == "":  # a conversion of an integer that fits no unsigned type, or not this one
         value = ours.refused_value
-        return isinstance(value, int) and not isinstance(value, bool) and value < 0
+        if not isinstance(value, int) or isinstance(value, bool):
+            return False
+        if ref_message.endswith("too big to convert"):
+            return value >= 2 ** 64
+        if ref_message.endswith("to C long"):  # a u16 or u32 parameter, through a C long
+            return value >= 2 ** 63
+        if ref_message.endswith("conversion attempted"):  # a u16 or u32 parameter
+            return value < 0 or value > 0xFFFF
+        return value < 0
     panic = _VALIDATION_PANIC.match(ref_message)
     if panic:
         return field.split(".")[-1] == panic.group(1)

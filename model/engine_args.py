@@ -1,6 +1,6 @@
 """Engine arguments: the model's ``MockEngineArgs``.
 
-Normative text: ``spec/engine-args.md`` (rules ARGS-1 .. ARGS-18).
+Normative text: ``spec/engine-args.md`` (rules ARGS-1 .. ARGS-19).
 
 :class:`EngineArgs` holds every argument that changes behaviour of the default
 build (no ``kvbm-offload``, no AIC, no NPZ perf model).  Constructing one
@@ -346,20 +346,6 @@ def _validate(a: EngineArgs) -> None:
     if a.sglang is not None and not isinstance(a.sglang, SglangArgs):
         raise InvalidInput("sglang", a.sglang, "expected SglangArgs", rule="ARGS-4")
 
-    # ARGS-5: finite floats (JSON cannot carry NaN/inf; see spec for the kwargs path).
-    for name in ("speedup_ratio", "decode_speedup_ratio", "startup_time", "kv_transfer_bandwidth"):
-        value = getattr(a, name)
-        if value is not None and not math.isfinite(value):
-            raise InvalidInput(name, value, "must be a finite number", rule="ARGS-5")
-    if a.sglang is not None and a.sglang.schedule_conservativeness is not None:
-        if not math.isfinite(a.sglang.schedule_conservativeness):
-            raise InvalidInput(
-                "sglang.schedule_conservativeness",
-                a.sglang.schedule_conservativeness,
-                "must be a finite number",
-                rule="ARGS-5",
-            )
-
     # ARGS-4: integer widths.
     _check_range_int("num_gpu_blocks", a.num_gpu_blocks, 0, _USIZE_MAX, "ARGS-4")
     _check_range_int("block_size", a.block_size, 0, _USIZE_MAX, "ARGS-4")
@@ -430,6 +416,21 @@ def _validate(a: EngineArgs) -> None:
                 chunk,
                 f"engine_type=sglang requires it to be divisible by block_size={a.block_size}",
                 rule="ARGS-9",
+            )
+
+    # ARGS-5: finite floats, the model's own refusal, so after every check upstream makes (a NaN
+    # passes upstream's ranges, and the model's, since every comparison with it is false).
+    for name in ("speedup_ratio", "decode_speedup_ratio", "startup_time", "kv_transfer_bandwidth"):
+        value = getattr(a, name)
+        if value is not None and not math.isfinite(value):
+            raise InvalidInput(name, value, "must be a finite number", rule="ARGS-5")
+    if a.sglang is not None and a.sglang.schedule_conservativeness is not None:
+        if not math.isfinite(a.sglang.schedule_conservativeness):
+            raise InvalidInput(
+                "sglang.schedule_conservativeness",
+                a.sglang.schedule_conservativeness,
+                "must be a finite number",
+                rule="ARGS-5",
             )
 
 
@@ -630,9 +631,9 @@ def _parse_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
                 raise InvalidInput(field, value, "number out of range for f64", rule="ARGS-13") from None
         if not isinstance(value, float):
             raise InvalidInput(field, value, "invalid type, expected f64", rule="ARGS-13")
-        if not math.isfinite(value):
+        if not math.isfinite(value) and dialect == "json":  # serde refuses the token where it stands
             raise InvalidInput(field, value, "must be a finite number", rule="ARGS-5")
-        return value
+        return value  # the constructor takes it; the model refuses it last (ARGS-5)
     if kind == _BOOL:
         if not isinstance(value, bool):
             raise InvalidInput(field, value, "invalid type, expected a boolean", rule="ARGS-13")
@@ -733,6 +734,201 @@ def _rust_parse_f64(text: str) -> float:
     return float(text)
 
 
+#: ARGS-11: the constructor's parameters in its signature's order (bindings replay.rs:174), the
+#: order in which PyO3 converts them; ``test_kwargs_signature_order_matches_the_build`` checks it
+#: against the compiled build's ``__text_signature__``
+_SIGNATURE_ORDER: tuple[str, ...] = (
+    "engine_type", "num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+    "enable_prefix_caching", "enable_chunked_prefill", "speedup_ratio", "decode_speedup_ratio", "dp_size",
+    "startup_time", "worker_type", "planner_profile_data", "aic_backend", "aic_system", "aic_backend_version",
+    "aic_tp_size", "aic_model_path", "aic_moe_tp_size", "aic_moe_ep_size", "aic_attention_dp_size", "aic_nextn",
+    "aic_nextn_accept_rates", "aic_mtp_seed", "aic_gemm_dtype", "aic_moe_dtype", "aic_fmha_dtype",
+    "aic_kv_cache_dtype", "aic_comm_dtype", "gpu_memory_utilization", "mem_fraction_static",
+    "free_gpu_memory_fraction", "enable_local_indexer", "bootstrap_port", "handoff_session_timeout_ms",
+    "kv_bytes_per_token", "kv_transfer_bandwidth", "kv_transfer_timing_mode", "reasoning",
+    "response_replay_trace_path",  # the compiled build's place for it (the pin has no such parameter)
+    "zmq_kv_events_port",
+    "zmq_replay_port", "preemption_mode", "router_queue_policy", "sglang", "trtllm", "num_g2_blocks",
+    "num_g3_blocks", "offload_batch_size", "bandwidth_g1_to_g2_gbps", "bandwidth_g2_to_g1_gbps",
+    "bandwidth_g2_to_g3_gbps", "bandwidth_g3_to_g2_gbps", "enable_g4_storage", "bandwidth_g2_to_g4_gbps",
+    "bandwidth_g4_to_g2_gbps",
+)
+#: ARGS-11: the nested constructors a constructor-dialect caller runs first, in this order (a
+#: nested value that is not a mapping is left to the constructor, which refuses it)
+_NESTED_CONSTRUCTORS: tuple[tuple[str, tuple[tuple[str, str], ...], bool], ...] = (
+    ("reasoning", _REASONING_FIELDS, True),
+    ("sglang", _SGLANG_FIELDS, False),
+    ("trtllm", _TRTLLM_FIELDS, False),
+)
+#: ARGS-3: the enumerations the constructor's body parses, in its order (bindings replay.rs:233-245)
+_CONSTRUCTOR_ENUMS = ("engine_type", "worker_type", "preemption_mode", "kv_transfer_timing_mode",
+                      "router_queue_policy")
+#: ARGS-13, ARGS-3: the JSON dialect's conversion (common/protocols.rs:995-1216) refuses the nulls of
+#: these fields and parses the enumerations among them in this order, after serde has read every
+#: key and type in document order
+_JSON_CONVERSION_ORDER = ("engine_type", "block_size", "enable_prefix_caching", "enable_chunked_prefill",
+                          "speedup_ratio", "decode_speedup_ratio", "dp_size", "worker_type", "aic_mtp_seed",
+                          "enable_local_indexer", "handoff_session_timeout_ms", "kv_transfer_timing_mode",
+                          "enable_g4_storage", "preemption_mode", "router_queue_policy")
+_ENUMS = {
+    "engine_type": (EngineType, True),
+    "worker_type": (WorkerType, True),
+    "preemption_mode": (PreemptionMode, True),
+    "kv_transfer_timing_mode": (KvTransferTimingMode, None),  # case-insensitive in both dialects
+    "router_queue_policy": (RouterQueuePolicy, False),
+}
+
+
+def _parse_value(key: str, value: Any, kind: str, dialect: str) -> Any:
+    if kind == _SGLANG:
+        return _parse_nested(key, value, _SGLANG_FIELDS, dialect, required=False)
+    if kind == _TRTLLM:
+        return _parse_nested(key, value, _TRTLLM_FIELDS, dialect, required=False)
+    if kind == _REASONING:
+        return _parse_nested(key, value, _REASONING_FIELDS, dialect, required=True)
+    return _parse_scalar(key, value, kind, dialect)
+
+
+def _read_json_object(obj: Mapping[Any, Any]) -> dict[str, Any]:
+    """ARGS-19, ARGS-11, ARGS-13: serde's pass over a JSON object: keys and non-null value types in document
+    order (``deny_unknown_fields``); nulls are kept for the conversion."""
+    accepted = dict(_COMMON_KEYS)
+    accepted.update(_JSON_ONLY_KEYS)
+    values: dict[str, Any] = {}
+    for key, value in obj.items():
+        if not isinstance(key, str) or key not in accepted:
+            raise InvalidInput(str(key), value, "unknown field", rule="ARGS-11")
+        values[key] = None if value is None else _parse_value(key, value, accepted[key][0], "json")
+    return values
+
+
+def _enum(key: str, value: Any, dialect: str) -> Any:
+    enum_cls, json_only_ci = _ENUMS[key]
+    case_insensitive = True if json_only_ci is None else (json_only_ci and dialect == "json")
+    return _parse_enum(key, value, enum_cls, case_insensitive)
+
+
+def _json_conversion(values: dict[str, Any]) -> dict[str, Any]:
+    """ARGS-19, ARGS-13, ARGS-3: the JSON dialect's conversion, in its order: a null where the field is not
+    nullable, then (for an enumeration) its parse, field by field."""
+    fields: dict[str, Any] = {}
+    for key in _JSON_CONVERSION_ORDER:
+        if key == "worker_type" and "worker_type" not in values:
+            for flag in ("is_prefill", "is_decode"):
+                if flag in values and values[flag] is None:
+                    raise InvalidInput(flag, None, "must not be null", rule="ARGS-13")
+            is_prefill = bool(values.get("is_prefill") or False)
+            is_decode = bool(values.get("is_decode") or False)
+            if is_prefill and is_decode:
+                raise InvalidInput("is_decode", True, "is_prefill and is_decode cannot both be true", rule="ARGS-3")
+            fields["worker_type"] = (
+                WorkerType.PREFILL if is_prefill else WorkerType.DECODE if is_decode else WorkerType.AGGREGATED
+            )
+            continue
+        if key not in values:
+            continue
+        if values[key] is None:
+            if not _COMMON_KEYS[key][1]:
+                raise InvalidInput(key, None, "must not be null", rule="ARGS-13")
+            continue
+        if key in _ENUMS:
+            fields[key] = _enum(key, values[key], "json")
+    return fields
+
+
+def _parse_nested_keywords(key: str, value: Mapping[Any, Any], members: tuple[tuple[str, str], ...],
+                           required: bool) -> dict[str, Any]:
+    """ARGS-19, ARGS-11: a nested constructor called with keywords, as PyO3 checks them: an unknown keyword
+    first (the first in the mapping's order), then the missing required members, then each member's
+    conversion in signature order."""
+    known = [name for name, _ in members]
+    for name, item in value.items():
+        if name not in known:
+            raise InvalidInput(f"{key}.{name}", item, "unknown field", rule="ARGS-11")
+    if required:
+        for name in known:
+            if name not in value:
+                raise InvalidInput(f"{key}.{name}", None, "missing field", rule="ARGS-13")
+    out: dict[str, Any] = {}
+    for name, kind in members:
+        if name not in value:
+            continue
+        item = value[name]
+        if item is None:
+            if required:
+                raise InvalidInput(f"{key}.{name}", item, "must not be null", rule="ARGS-13")
+            out[name] = None
+        else:
+            out[name] = _parse_scalar(f"{key}.{name}", item, kind, "kwargs")
+    return out
+
+
+def _read_constructor_keywords(obj: Mapping[Any, Any]) -> dict[str, Any]:
+    """ARGS-19, ARGS-11, ARGS-13: ``MockEngineArgs(**obj)`` as PyO3 checks it, after the caller has built the
+    nested objects given as mappings (``_NESTED_CONSTRUCTORS``): an unknown keyword first (the first
+    in the mapping's order), then each parameter's conversion in signature order, a null refused
+    where the parameter is not optional."""
+    nested: dict[str, Any] = {}
+    for key, members, required in _NESTED_CONSTRUCTORS:
+        if isinstance(obj.get(key), Mapping):
+            nested[key] = _parse_nested_keywords(key, obj[key], members, required)
+    for key, value in obj.items():
+        if not isinstance(key, str) or key not in _COMMON_KEYS:
+            raise InvalidInput(str(key), value, "unknown field", rule="ARGS-11")
+    values: dict[str, Any] = {}
+    for key in _SIGNATURE_ORDER:
+        if key not in obj:
+            continue
+        value = obj[key]
+        kind, nullable = _COMMON_KEYS[key]
+        if key in nested:
+            values[key] = nested[key]
+        elif value is None:
+            if not nullable:
+                raise InvalidInput(key, None, "must not be null", rule="ARGS-13")
+            values[key] = None
+        else:
+            values[key] = _parse_value(key, value, kind, "kwargs")
+    return values
+
+
+def _constructor_enumerations(values: dict[str, Any]) -> dict[str, Any]:
+    """ARGS-19, ARGS-3: the constructor's body parses its enumerations in ``_CONSTRUCTOR_ENUMS`` order; an
+    absent ``worker_type`` is the parameter's default, aggregated. The body then loads
+    ``planner_profile_data`` before any range is validated (bindings replay.rs:292-300), so the
+    model's refusal of it (ARGS-14) stands here in this dialect."""
+    fields: dict[str, Any] = {}
+    for key in _CONSTRUCTOR_ENUMS:
+        if values.get(key) is not None:
+            fields[key] = _enum(key, values[key], "kwargs")
+    fields.setdefault("worker_type", WorkerType.AGGREGATED)
+    if values.get("planner_profile_data") is not None:
+        raise _planner_not_supported(values["planner_profile_data"])
+    return fields
+
+
+def _planner_not_supported(path: Any) -> InvalidInput:
+    return InvalidInput("planner_profile_data", path, "the NPZ-interpolated perf model is not supported by the model",
+                        rule="ARGS-14")
+
+
+
+def _offload_and_mtp_rules(num_g2: Optional[int], num_g3: Optional[int], g4: bool, nextn: Optional[int],
+                           rates: Optional[str], decode_speedup_ratio: float) -> Optional[InvalidInput]:
+    """ARGS-19, ARGS-15, ARGS-10: the first of upstream's offload and MTP struct rules that fails (G3 and G4
+    need G2; MTP needs a decode speed-up of 1; accept rates need MTP), or None."""
+    if num_g3 is not None and num_g2 is None:
+        return InvalidInput("num_g3_blocks", num_g3, "requires num_g2_blocks (G3 is staged through G2)", rule="ARGS-15")
+    if g4 and num_g2 is None:
+        return InvalidInput("enable_g4_storage", True, "requires num_g2_blocks (G4 is staged through G2)", rule="ARGS-15")
+    if nextn is not None and decode_speedup_ratio != 1.0:
+        return InvalidInput("decode_speedup_ratio", decode_speedup_ratio, "aic_nextn requires decode_speedup_ratio=1.0",
+                            rule="ARGS-10")
+    if nextn is None and rates is not None:
+        return InvalidInput("aic_nextn_accept_rates", rates, "requires aic_nextn", rule="ARGS-10")
+    return None
+
+
 def engine_args_from_json(obj: Any, *, dialect: str = "json") -> EngineArgs:
     """Rules: ARGS-11 .. ARGS-15. Build :class:`EngineArgs` from engine-args JSON / constructor kwargs.
 
@@ -746,63 +942,12 @@ def engine_args_from_json(obj: Any, *, dialect: str = "json") -> EngineArgs:
         raise ValueError(f"unknown dialect {dialect!r}")
     if not isinstance(obj, Mapping):
         raise InvalidInput("engine_args", obj, "must be a JSON object", rule="ARGS-11")
-    accepted = dict(_COMMON_KEYS)
     if dialect == "json":
-        accepted.update(_JSON_ONLY_KEYS)
-
-    # ARGS-11 / ARGS-13: keys and value types, in document order.
-    values: dict[str, Any] = {}
-    for key, value in obj.items():
-        if not isinstance(key, str) or key not in accepted:
-            raise InvalidInput(str(key), value, "unknown field", rule="ARGS-11")
-        kind, _nullable = accepted[key]
-        if value is None:
-            values[key] = None
-        elif kind == _SGLANG:
-            values[key] = _parse_nested(key, value, _SGLANG_FIELDS, dialect, required=False)
-        elif kind == _TRTLLM:
-            values[key] = _parse_nested(key, value, _TRTLLM_FIELDS, dialect, required=False)
-        elif kind == _REASONING:
-            values[key] = _parse_nested(key, value, _REASONING_FIELDS, dialect, required=True)
-        else:
-            values[key] = _parse_scalar(key, value, kind, dialect)
-
-    # ARGS-13: explicit nulls on non-nullable fields.
-    worker_given = "worker_type" in values
-    for key, value in values.items():
-        if value is not None:
-            continue
-        _kind, nullable = accepted[key]
-        if key in ("is_prefill", "is_decode") and worker_given:
-            continue  # not read when worker_type is given
-        if key == "worker_type" or not nullable:
-            raise InvalidInput(key, None, "must not be null", rule="ARGS-13")
-
-    # ARGS-3: enumerations.
-    json_ci = dialect == "json"
-    fields: dict[str, Any] = {}
-    if "engine_type" in values:
-        fields["engine_type"] = _parse_enum("engine_type", values["engine_type"], EngineType, json_ci)
-    if "worker_type" in values:
-        fields["worker_type"] = _parse_enum("worker_type", values["worker_type"], WorkerType, json_ci)
+        values = _read_json_object(obj)
+        fields = _json_conversion(values)
     else:
-        is_prefill = bool(values.get("is_prefill") or False)
-        is_decode = bool(values.get("is_decode") or False)
-        if is_prefill and is_decode:
-            raise InvalidInput("is_decode", True, "is_prefill and is_decode cannot both be true", rule="ARGS-3")
-        fields["worker_type"] = (
-            WorkerType.PREFILL if is_prefill else WorkerType.DECODE if is_decode else WorkerType.AGGREGATED
-        )
-    if "kv_transfer_timing_mode" in values:
-        fields["kv_transfer_timing_mode"] = _parse_enum(
-            "kv_transfer_timing_mode", values["kv_transfer_timing_mode"], KvTransferTimingMode, True
-        )
-    if "preemption_mode" in values:
-        fields["preemption_mode"] = _parse_enum("preemption_mode", values["preemption_mode"], PreemptionMode, json_ci)
-    if values.get("router_queue_policy") is not None:
-        fields["router_queue_policy"] = _parse_enum(
-            "router_queue_policy", values["router_queue_policy"], RouterQueuePolicy, False
-        )
+        values = _read_constructor_keywords(obj)
+        fields = _constructor_enumerations(values)
 
     # ARGS-1: plain copies (num_gpu_blocks: null keeps the default).
     if values.get("num_gpu_blocks") is not None:
@@ -837,41 +982,39 @@ def engine_args_from_json(obj: Any, *, dialect: str = "json") -> EngineArgs:
         if value is not None and (value < lo or (hi is not None and value > hi)):
             bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
             raise InvalidInput(key, value, f"must be {bound}", rule="ARGS-6")
-    # ARGS-15: offload knobs, 0 means unset.
+    # ARGS-15, ARGS-10: upstream's struct-level rules on the arguments the model keeps outside
+    # EngineArgs. Upstream runs its struct rules only when every field range passed, in this order:
+    # block size (ARGS-7), these, then the TRT-LLM policy and the SGLang rules (ARGS-10, ARGS-8/9)
+    # (common/protocols.rs:905-990); the model's own finite-float refusal (ARGS-5) comes last.
     num_g2 = values.get("num_g2_blocks") or None
     num_g3 = values.get("num_g3_blocks") or None
-    if num_g3 is not None and num_g2 is None:
-        raise InvalidInput("num_g3_blocks", num_g3, "requires num_g2_blocks (G3 is staged through G2)", rule="ARGS-15")
-    if values.get("enable_g4_storage") and num_g2 is None:
-        raise InvalidInput("enable_g4_storage", True, "requires num_g2_blocks (G4 is staged through G2)", rule="ARGS-15")
-    # ARGS-10: MTP consistency (upstream), before the model's own scope check.
     nextn = values.get("aic_nextn")
     rates = values.get("aic_nextn_accept_rates")
-    if nextn is not None:
-        if not 1 <= nextn <= 5:
-            raise InvalidInput("aic_nextn", nextn, "must be in 1..=5", rule="ARGS-10")
-        dsr = fields.get("decode_speedup_ratio", 1.0)
-        if dsr != 1.0:
-            raise InvalidInput(
-                "decode_speedup_ratio", dsr, "aic_nextn requires decode_speedup_ratio=1.0", rule="ARGS-10"
-            )
-    elif rates is not None:
-        raise InvalidInput("aic_nextn_accept_rates", rates, "requires aic_nextn", rule="ARGS-10")
-
-    # Construction applies ARGS-2 and ARGS-4 .. ARGS-10.
-    args = EngineArgs(**fields)
+    if nextn is not None and not 1 <= nextn <= 5:  # a field range (validator attribute), so first
+        raise InvalidInput("aic_nextn", nextn, "must be in 1..=5", rule="ARGS-10")
+    rule_error = _offload_and_mtp_rules(num_g2, num_g3, bool(values.get("enable_g4_storage")), nextn, rates,
+                                        fields.get("decode_speedup_ratio", 1.0))
+    try:
+        args = EngineArgs(**fields)  # ARGS-2 and ARGS-4 .. ARGS-10 on the modelled arguments
+    except InvalidInput as error:
+        if rule_error is not None and error.rule not in ("ARGS-4", "ARGS-6", "ARGS-7"):
+            raise rule_error from None
+        raise
+    if rule_error is not None:
+        raise rule_error
 
     if nextn is not None:
         _normalize_accept_rates(nextn, rates)
+    # ARGS-5: the constructor dialect's non-finite floats in the arguments the model does not
+    # model (the modelled ones were refused last by the construction above)
+    for key in _SIGNATURE_ORDER:
+        value = values.get(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidInput(key, value, "must be a finite number", rule="ARGS-5")
 
     # ARGS-14: accepted upstream, but selects behaviour the model does not implement.
-    if values.get("planner_profile_data") is not None:
-        raise InvalidInput(
-            "planner_profile_data",
-            values["planner_profile_data"],
-            "the NPZ-interpolated perf model is not supported by the model",
-            rule="ARGS-14",
-        )
+    if values.get("planner_profile_data") is not None:  # the JSON dialect's place (ARGS-14)
+        raise _planner_not_supported(values["planner_profile_data"])
     if values.get("aic_backend") is not None:
         raise InvalidInput(
             "aic_backend", values["aic_backend"], "the AIC perf model is not supported by the model", rule="ARGS-14"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -572,3 +573,142 @@ def test_live_accept_reject_matches_reference():
 def test_args4_integer_widths(obj):
     with pytest.raises(InvalidInput):
         engine_args_from_json(obj)
+
+
+# ---------------------------------------------------------------------------
+# Check order: which of two bad arguments is refused (ARGS-11, ARGS-13, ARGS-3, ARGS-5)
+# ---------------------------------------------------------------------------
+
+#: each refused field recorded from the compiled build (1.3.0.post1): ``MockEngineArgs(**obj)``,
+#: with nested mappings built first by their own constructors, or ``MockEngineArgs.from_json``
+_ORDER_CASES = [
+    # constructor: an unknown keyword first, then the signature's order, then the body's enums
+    ({"block_size": "x", "engine_type": 1}, "kwargs", "engine_type"),
+    ({"block_size": "x", "foo": 1}, "kwargs", "foo"),
+    ({"max_num_seqs": -1, "block_size": "x"}, "kwargs", "block_size"),
+    ({"block_size": None, "dp_size": "x"}, "kwargs", "block_size"),
+    ({"kv_transfer_timing_mode": "bad", "preemption_mode": "bad"}, "kwargs", "preemption_mode"),
+    # the nested constructors run before MockEngineArgs; a missing member before a bad type
+    ({"engine_type": 1, "sglang": {"page_size": "x"}}, "kwargs", "sglang.page_size"),
+    ({"reasoning": {"start_thinking_token_id": "x"}}, "kwargs", "reasoning.end_thinking_token_id"),
+    # the body loads planner_profile_data before any range is validated
+    ({"num_gpu_blocks": 0, "planner_profile_data": "missing.npz"}, "kwargs", "planner_profile_data"),
+    # field ranges before struct rules; G3 before the TRT-LLM policy; NaN is the model's own, last
+    ({"num_gpu_blocks": 0, "num_g3_blocks": 8}, "kwargs", "num_gpu_blocks"),
+    ({"aic_nextn": 9, "decode_speedup_ratio": 2.0}, "kwargs", "aic_nextn"),
+    ({"trtllm": {"capacity_scheduler_policy": "x"}, "num_g3_blocks": 8}, "kwargs", "num_g3_blocks"),
+    ({"speedup_ratio": float("nan"), "engine_type": "bad"}, "kwargs", "engine_type"),
+    # JSON: serde's types in document order, then the conversion's nulls and enums in its order
+    ({"block_size": "x", "engine_type": 1}, "json", "block_size"),
+    ({"engine_type": 1, "block_size": "x"}, "json", "engine_type"),
+    ({"block_size": None, "engine_type": "bad"}, "json", "engine_type"),
+    ({"worker_type": "bad", "block_size": None}, "json", "block_size"),
+    ({"preemption_mode": "bad", "kv_transfer_timing_mode": "bad"}, "json", "kv_transfer_timing_mode"),
+    ({"is_prefill": None, "dp_size": None}, "json", "dp_size"),
+]
+
+
+@pytest.mark.parametrize("obj, dialect, field", _ORDER_CASES)
+def test_of_two_bad_arguments_the_builds_first_is_refused(obj, dialect, field):
+    """ARGS-19 (ARGS-11, ARGS-13, ARGS-3, ARGS-5): the constructor dialect checks as PyO3 and the binding do
+    (nested objects, unknown keywords, conversions in signature order, the body's enumerations,
+    field ranges, struct rules); the JSON dialect as serde and its conversion do."""
+    rejects(obj, field, dialect=dialect)
+
+
+def test_signature_order_names_every_constructor_parameter_once():
+    """ARGS-19: the signature order the constructor dialect follows lists every accepted keyword
+    exactly once (the live suite compares it with the build's own signature)."""
+    from model.engine_args import _COMMON_KEYS, _SIGNATURE_ORDER
+
+    assert sorted(_SIGNATURE_ORDER) == sorted(_COMMON_KEYS) and len(set(_SIGNATURE_ORDER)) == len(_SIGNATURE_ORDER)
+
+
+_PAIRS_CHILD = r"""
+import json, re, sys
+import dynamo._core as c
+jobs = json.loads(sys.stdin.read())
+def build(args, dialect):
+    try:
+        if dialect == "json":
+            c.MockEngineArgs.from_json(json.dumps(args))
+        else:  # nested mappings are the keyword arguments of their own constructors (ARGS-11)
+            args = dict(args)
+            for key, cls in (("reasoning", "ReasoningConfig"), ("sglang", "SglangArgs"), ("trtllm", "TrtllmArgs")):
+                if isinstance(args.get(key), dict):
+                    args[key] = getattr(c, cls)(**args[key])
+            c.MockEngineArgs(**args)
+        return None
+    except Exception as exc:
+        return str(exc)
+out = [build(a, d) for a, d in jobs]
+print(json.dumps({"signature": re.findall(r"(\w+)=", c.MockEngineArgs.__text_signature__), "refusals": out}))
+"""
+
+
+def _bad_values() -> list:
+    """One to seven wrong values per engine argument: wrong types, out-of-range and non-finite
+    numbers, nulls where not allowed, unknown enumeration members, and bad nested objects."""
+    from model.engine_args import _COMMON_KEYS
+
+    items = []
+    for key, (kind, nullable) in _COMMON_KEYS.items():
+        if kind in ("usize", "u32", "u16", "u64"):
+            values = ["x", -1, 1.5, 2**64, 70000, 0, 9]
+        elif kind == "f64":
+            values = ["x", -1.0, float("nan"), 2.0]
+        elif kind == "bool":
+            values = ["x", 2, True]
+        elif kind == "str":
+            values = [1, "bad"]
+        elif kind == "sglang":
+            values = [1, {"page_size": "x", "schedule_policy": 1}, {"max_prefill_tokens": -1, "foo": 2}, ["lpm", "x"]]
+        elif kind == "trtllm":
+            values = [1, {"capacity_scheduler_policy": 1}, {"capacity_scheduler_policy": "x"}]
+        else:  # reasoning
+            values = [1, {"start_thinking_token_id": 1}, {"start_thinking_token_id": "x", "end_thinking_token_id": -1,
+                                                           "thinking_ratio": 0.5}]
+        items += [(key, v) for v in values + ([] if nullable else [None])]
+    return items + [("foo_unknown", 1)]
+
+
+@pytest.mark.reference
+@pytest.mark.skipif(importlib.util.find_spec("dynamo") is None, reason="compiled reference not installed")
+def test_live_two_bad_arguments_are_refused_like_the_build():
+    """ARGS-19, FID-10: for a seeded sample of pairs of bad engine
+    arguments, in both dialects and both orders, the model refuses the argument the compiled build
+    refuses (compared as ``diff`` compares refusals), or the build accepts and the model refuses an
+    input it does not model (ARGS-5, ARGS-14); and the constructor's signature order is the build's."""
+    import itertools
+    import random
+
+    from mocker_spec.reference import Outcome, compare
+    from model.engine_args import _SIGNATURE_ORDER
+
+    pairs = [(k1, v1, k2, v2) for (k1, v1), (k2, v2) in itertools.permutations(_bad_values(), 2) if k1 != k2]
+    sample = random.Random(20261205).sample(pairs, 10000)
+    jobs = [({k1: v1, k2: v2}, dialect) for k1, v1, k2, v2 in sample for dialect in ("kwargs", "json")]
+    proc = subprocess.run([sys.executable, "-c", _PAIRS_CHILD], input=json.dumps(jobs),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["signature"] == list(_SIGNATURE_ORDER)
+    disagreements = []
+    for (args, dialect), message in zip(jobs, result["refusals"]):
+        try:
+            engine_args_from_json(args, dialect=dialect)
+            ours = None
+        except InvalidInput as error:
+            ours = error
+        if message is None:
+            if ours is not None and ours.rule not in ("ARGS-5", "ARGS-14"):
+                disagreements.append((dialect, args, "the build accepts", str(ours)))
+            continue
+        if ours is None:
+            disagreements.append((dialect, args, message, "the model accepts"))
+            continue
+        text = re.sub(r"^(?:Exception|TypeError|ValueError|OverflowError): ", "", message)
+        mine = Outcome("error", ours.reason, refused="engine_args." + ours.field, refused_value=ours.value)
+        if compare(mine, Outcome("error", text)) is not None:
+            disagreements.append((dialect, args, text[:120], str(ours)))
+    assert not disagreements, f"{len(disagreements)} of {len(jobs)}, first: {disagreements[:3]}"

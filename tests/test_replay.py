@@ -1050,6 +1050,18 @@ _CROSS = ('Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs
      "kv_transfer_timing_mode"),
     ('invalid router_queue_policy "X": unknown queue policy: "X", expected \'fcfs\', \'lcfs\', or \'wspt\'',
      "router_queue_policy"),
+    # PyO3's own texts: integer conversions that name no argument, a nested constructor's missing
+    # members (the first is named), the constructor's load of a profile file; the JSON dialect's
+    # null and missing-member texts (all recorded from 1.3.0.post1)
+    ("out of range integral type conversion attempted", ""),
+    ("Python int too large to convert to C long", ""),
+    ("ReasoningConfig.__new__() missing 2 required positional arguments: 'end_thinking_token_id' and "
+     "'thinking_ratio'", "end_thinking_token_id"),
+    ('Failed to load planner_profile_data from "missing.npz": Failed to open NPZ file: "missing.npz"',
+     "planner_profile_data"),
+    ("Failed to parse MockEngineArgs JSON: dp_size must not be null", "dp_size"),
+    ("Failed to parse MockEngineArgs JSON: reasoning: missing field `end_thinking_token_id` at line 1 column 44",
+     "end_thinking_token_id"),
     ("offline replay reached a dead end with 1 in-flight requests remaining", None),
     ("invalid handoff transfer bandwidth 0", None),
 ])
@@ -1073,6 +1085,14 @@ def test_a_refusal_agrees_only_with_a_model_refusal_of_the_same_argument():
     cross = Outcome("error", _CROSS)
     assert compare(ours("engine_args.sglang.page_size"), cross) is None
     assert compare(ours("engine_args.sglang.chunked_prefill_size"), cross).where == "status"
+    # integer conversions that name no argument agree with a model refusal of an integer that
+    # does not fit: below 0 or above u16 (a u16 or u32 parameter), or not even an i64
+    for text, fits, does_not in (("out of range integral type conversion attempted", 5, [-1, 70000]),
+                                 ("Python int too large to convert to C long", 70000, [2**64]),
+                                 ("int too big to convert", 2**63, [2**64])):
+        refused = lambda v: Outcome("error", "invalid value", refused="engine_args.dp_size", refused_value=v)  # noqa: E731
+        assert compare(refused(fits), Outcome("error", text)).where == "status", text
+        assert all(compare(refused(v), Outcome("error", text)) is None for v in does_not), text
     negative = Outcome("error", "can't convert negative int to unsigned")  # names no argument
     assert compare(Outcome("error", "must be a non-negative integer", refused="num_workers", refused_value=-1),
                    negative) is None
