@@ -87,7 +87,12 @@ def spoil(seed: int, index: int) -> Tuple[Dict[str, Any], List[str], List[str]]:
                 lines[n] = rng.choice(BAD_LINES)
                 done.append(f"line {n + 1} replaced")
                 continue
-            row = json.loads(lines[n]) if lines[n].lstrip().startswith("{") else {}
+            try:  # a line an earlier mutation replaced may not be an object any more
+                row = json.loads(lines[n])
+            except ValueError:
+                row = {}
+            if not isinstance(row, dict):
+                row = {}
             key = rng.choice(ROW_KEYS)
             if rng.random() < 0.3:
                 row.pop(key, None)

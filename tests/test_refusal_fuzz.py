@@ -1,0 +1,36 @@
+"""scripts/refusal_fuzz.py: seeded bad-input cases (spec/fidelity.md FID-10, ARGS-19)."""
+
+from __future__ import annotations
+
+import json
+
+from script_loader import load_script
+
+
+def test_spoiled_cases_are_a_pure_function_of_seed_and_index():
+    """The same (seed, index) gives the same case, trace and mutations; another seed another
+    case; and every case carries between one and three mutations (four with the CLI flag), also
+    when a later mutation lands on a line an earlier one replaced by text that is not a row."""
+    fuzz = load_script("refusal_fuzz")
+    first = [fuzz.spoil(3, i) for i in range(400)]
+    assert first == [fuzz.spoil(3, i) for i in range(400)]
+    assert [c for c, _, _ in first[:20]] != [c for c, _, _ in (fuzz.spoil(4, i) for i in range(20))]
+    for case, lines, done in first:
+        spoilt = [m for m in done if m != "from_cli"]
+        assert 1 <= len(spoilt) <= 3 and case["spoiled"] == done
+        assert ("from_cli" in done) == bool(case.get("from_cli"))
+        json.dumps(case)  # a case.json can always be written
+    # index 342 of seed 3 replaces line 1 and then sets a field on it (this once crashed the script)
+    assert first[342][2] == ["line 1 replaced", "line 1 delay=0"]
+
+
+def test_written_cases_use_the_refcases_layout(tmp_path):
+    """Without --record, the script writes case.json and trace.jsonl per case, named by seed and
+    index, for ``mocker-spec gen-cases``-style recording and ``diff --corpus``."""
+    fuzz = load_script("refusal_fuzz")
+    assert fuzz.main(["--out", str(tmp_path), "--seed", "5", "--count", "3"]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["bad-5-0000", "bad-5-0001", "bad-5-0002"]
+    case = json.loads((tmp_path / "bad-5-0001" / "case.json").read_text())
+    lines = (tmp_path / "bad-5-0001" / "trace.jsonl").read_text().splitlines()
+    assert (case, lines, case["spoiled"]) == fuzz.spoil(5, 1)
