@@ -600,6 +600,9 @@ _TRACE_LINE_REFUSAL = re.compile(r"^failed to parse line (\d+) from .+ as JSON$"
 #: FID-10: a panic on a validation failure names the field (a vLLM ``block_size`` of 1: the
 #: sequence's validator, sequence.rs:58,109; the model refuses it, SEQ-3)
 _VALIDATION_PANIC = re.compile(r'^the reference crashed: pyo3_runtime\.PanicException: .*ValidationErrors\(\{"(\w+)"')
+#: an upstream panic whose text the model's refusal repeats (the vLLM block manager's block size
+#: assertions, KV-1)
+_PANIC = re.compile(r"^the reference crashed: pyo3_runtime\.PanicException: (.*)$", re.S)
 _EMPTY_TRACE = re.compile(r"^trace file .+ did not contain any requests$")
 #: FID-11: the compiled build lists one more trace format than the pin, so the refusal's text
 #: differs; the refused value is compared instead
@@ -630,6 +633,9 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
     panic = _VALIDATION_PANIC.match(ref_message)
     if panic:
         return field.split(".")[-1] == panic.group(1)
+    panic = _PANIC.match(ref_message)
+    if panic:  # an upstream assertion the model mirrors as a refusal with the same text (KV-1)
+        return panic.group(1) == ours.message
     line = _TRACE_LINE_REFUSAL.match(ref_message)
     if line:
         return field.startswith(f"trace line {line.group(1)}:")

@@ -329,10 +329,16 @@ def new_kv_manager(
     prefix caching is on (KV-20); with it false no events are produced and
     event ids do not advance.
     """
+    # the block manager's builder asserts these, in this order, also in release builds
+    # (kvbm-logical manager/builder.rs:185-195): upstream panics, the model refuses the input
+    if not 1 <= block_size <= 1024:
+        raise InvalidInput("block_size", block_size, f"block_size must be between 1 and 1024, got {block_size}",
+                           rule="KV-1")
+    if block_size & (block_size - 1):
+        raise InvalidInput("block_size", block_size, f"block_size must be a power of 2, got {block_size}",
+                           rule="KV-1")
     if num_blocks < 1:
         raise InvalidInput("num_gpu_blocks", num_blocks, "must be >= 1", rule="KV-1")
-    if block_size < 1:
-        raise InvalidInput("block_size", block_size, "must be >= 1", rule="KV-1")
     return VllmKvState(
         num_blocks=num_blocks,
         block_size=block_size,

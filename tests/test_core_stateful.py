@@ -27,7 +27,7 @@ def engine_args(engine: str):
         {
             "engine_type": st.just(engine),
             "num_gpu_blocks": st.integers(2, 10),
-            "block_size": st.integers(2, 4),
+            "block_size": st.sampled_from([2, 4]),  # powers of two (KV-1)
             "max_num_seqs": st.sampled_from([None, 1, 2, 3]),
             "max_num_batched_tokens": st.sampled_from([None, 4, 8, 16]),
             "enable_prefix_caching": st.booleans(),

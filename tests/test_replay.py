@@ -1093,6 +1093,12 @@ def test_a_refusal_agrees_only_with_a_model_refusal_of_the_same_argument():
         refused = lambda v: Outcome("error", "invalid value", refused="engine_args.dp_size", refused_value=v)  # noqa: E731
         assert compare(refused(fits), Outcome("error", text)).where == "status", text
         assert all(compare(refused(v), Outcome("error", text)) is None for v in does_not), text
+    # an upstream assertion the model mirrors (KV-1): the panic's text must be the model's reason
+    panic = Outcome("error", "the reference crashed: pyo3_runtime.PanicException: block_size must be a power of "
+                             "2, got 12")
+    mirrored = lambda reason: Outcome("error", reason, refused="block_size", refused_value=12)  # noqa: E731
+    assert compare(mirrored("block_size must be a power of 2, got 12"), panic) is None
+    assert compare(mirrored("block_size must be a power of 2, got 24"), panic).where == "status"
     negative = Outcome("error", "can't convert negative int to unsigned")  # names no argument
     assert compare(Outcome("error", "must be a non-negative integer", refused="num_workers", refused_value=-1),
                    negative) is None

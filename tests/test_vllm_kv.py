@@ -1165,3 +1165,22 @@ def test_eviction_heap_stays_leftist_and_pops_in_tick_order(built, pushed):
         heap = _heap_merge(heap[3], heap[4])
         _leftist_ok(heap)
     assert popped == sorted(built + pushed)
+
+
+@pytest.mark.parametrize("block_size, text", [
+    (12, "block_size must be a power of 2, got 12"),
+    (3, "block_size must be a power of 2, got 3"),
+    (2048, "block_size must be between 1 and 1024, got 2048"),
+    (1536, "block_size must be between 1 and 1024, got 1536"),  # the range is asserted first
+    (0, "block_size must be between 1 and 1024, got 0"),
+])
+def test_kv1_block_size_is_a_power_of_two_up_to_1024(block_size, text):
+    """KV-1: the block manager's builder asserts 1 <= bs <= 1024, then a power of two (upstream
+    panics; texts recorded from the compiled build for 12 and 2048); 1, 2 and 1024 are fine."""
+    from model.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as info:
+        new_kv_manager(8, block_size)
+    assert info.value.field == "block_size" and info.value.reason == text and info.value.rule == "KV-1"
+    for ok in (1, 2, 1024):
+        assert new_kv_manager(8, ok).block_size == ok
