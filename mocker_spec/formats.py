@@ -117,9 +117,12 @@ def load_trace_file(
     trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE,
     arrival_speedup_ratio: float = 1.0,
     trace_format: str = "mooncake",
+    *,
+    validate_sessions: bool = True,
 ) -> FlatWorkload | SessionWorkload:
     """WL-14: the full offline trace-file pipeline (see ``model.workload.load_trace_workload``)."""
-    return load_trace_workload(_rows(read_trace_lines(path)), trace_block_size, arrival_speedup_ratio, trace_format)
+    return load_trace_workload(_rows(read_trace_lines(path)), trace_block_size, arrival_speedup_ratio, trace_format,
+                               validate_sessions=validate_sessions)
 
 
 def load_concurrency_trace_file(

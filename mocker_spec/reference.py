@@ -455,7 +455,8 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
         if conc is not None:  # WL-20: the concurrency workload driver
             return load_concurrency_trace_file(job["trace_file"], tbs, validate=not setup.is_disagg,
                                                accumulate_deltas=fmt == "mooncake-delta")
-        return load_trace_file(job["trace_file"], tbs, ratio, fmt)
+        # WL-9: the disaggregated replay does not validate a multi-turn trace (WL-14)
+        return load_trace_file(job["trace_file"], tbs, ratio, fmt, validate_sessions=not setup.is_disagg)
     args = setup.prefill_args if setup.is_disagg else setup.engine_args
     block_size = args.block_size if args is not None else 64
     return synthetic_replay_workload(

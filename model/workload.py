@@ -598,29 +598,38 @@ def load_trace_workload(
     trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE,
     arrival_speedup_ratio: float = 1.0,
     trace_format: str = "mooncake",
+    *,
+    validate_sessions: bool = True,
 ) -> FlatWorkload | SessionWorkload:
     """WL-14: the offline (non-concurrency) trace-file pipeline for ``mooncake`` / ``mooncake-delta``.
 
     Order of checks as upstream: parse every row, normalize, speed up (ratio
     check), then validate.  Single-turn traces give a :class:`FlatWorkload`
-    (request ``i`` of the file gets uuid ``i+1``), others a :class:`SessionWorkload`.
+    (request ``i`` of the file gets uuid ``i+1``), others a :class:`SessionWorkload`;
+    ``validate_sessions`` False is the disaggregated replay's session path (WL-9).
     """
     trace_format = canonical_trace_format(trace_format)
     trace = speed_up_timing(normalize_session_starts(trace_from_mooncake_rows(rows, trace_block_size)),
                             arrival_speedup_ratio)
-    return workload_from_trace(trace, trace_format)
+    return workload_from_trace(trace, trace_format, validate_sessions=validate_sessions)
 
 
-def workload_from_trace(trace: Trace, trace_format: str = "mooncake") -> FlatWorkload | SessionWorkload:
-    """WL-14: validate a (normalized, sped-up) mooncake trace and choose its replay path.
+def workload_from_trace(trace: Trace, trace_format: str = "mooncake", *,
+                        validate_sessions: bool = True) -> FlatWorkload | SessionWorkload:
+    """WL-14, WL-9: validate a (normalized, sped-up) mooncake trace and choose its replay path.
 
     Single-turn traces become a :class:`FlatWorkload`, stably sorted with
-    :func:`normalize_trace_requests` at ratio 1; any multi-turn session keeps
-    the whole trace on the session path.  Both paths validate (WL-9) first.
+    :func:`normalize_trace_requests` at ratio 1, and are always validated first; any multi-turn
+    session keeps the whole trace on the session path, validated unless ``validate_sessions`` is
+    False: upstream's disaggregated trace replay builds its session driver without the check
+    (replay/offline/entrypoints.rs:545, where the aggregated runtimes go through
+    ``into_trace_driver_with_block_size``, 642-646 and 772-776).
     """
-    validate_for_trace_mode(trace)
     if is_single_turn(trace):
+        validate_for_trace_mode(trace)
         return FlatWorkload(normalize_trace_requests(to_single_turn_requests(trace), 1.0))
+    if validate_sessions:
+        validate_for_trace_mode(trace)
     return SessionWorkload(trace, accumulate_deltas=trace_format == "mooncake-delta")
 
 

@@ -1550,3 +1550,34 @@ def test_cli_diff_corpus_jobs_gives_the_same_table_in_the_same_order(tmp_path, c
     assert cli.main(["diff", "--corpus", str(tmp_path), "--jobs", "0"]) == 2
     err = capsys.readouterr().err
     assert "--jobs=0: must be at least 1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_disaggregated_session_trace_is_not_validated(tmp_path):
+    """WL-9, WL-14: a multi-turn trace whose first turn has no prompt is refused by an aggregated
+    replay but run by a disaggregated one, whose session path skips the check (recorded from the
+    compiled build: `session a turn 0 must have a positive input_length` for one vLLM worker, and a
+    completed replay for one prefill and one decode worker); a single-turn trace is validated on
+    both."""
+    from mocker_spec.reference import run_model
+
+    def trace(name, rows):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    row = {"timestamp": 0.0, "input_length": 32, "output_length": 2, "hash_ids": [1, 2]}
+    sessions = trace("sessions", [dict(row, session_id="a", input_length=0),
+                                  dict(row, session_id="a", timestamp=5.0)])
+    single = trace("single", [row, dict(row, timestamp=1.0, input_length=0)])
+    args = {"block_size": 16, "num_gpu_blocks": 256}
+    agg = {"mode": "agg", "num_workers": 1, "engine_args": args, "trace_block_size": 16}
+    disagg = {"mode": "disagg", "num_prefill_workers": 1, "num_decode_workers": 1, "trace_block_size": 16,
+              "prefill_engine_args": dict(args, worker_type="prefill"),
+              "decode_engine_args": dict(args, worker_type="decode")}
+    with pytest.raises(InvalidInput, match="session a turn 0 must have a positive input_length"):
+        run_model(dict(agg, trace_file=sessions))
+    done = run_model(dict(disagg, trace_file=sessions))
+    assert done.status == "ok" and len(done.records) == 2
+    for job in (agg, disagg):
+        with pytest.raises(InvalidInput, match="session request_2 turn 0 must have a positive input_length"):
+            run_model(dict(job, trace_file=single))
