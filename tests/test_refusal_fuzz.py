@@ -34,3 +34,16 @@ def test_written_cases_use_the_refcases_layout(tmp_path):
     case = json.loads((tmp_path / "bad-5-0001" / "case.json").read_text())
     lines = (tmp_path / "bad-5-0001" / "trace.jsonl").read_text().splitlines()
     assert (case, lines, case["spoiled"]) == fuzz.spoil(5, 1)
+
+
+def test_odd_cases_draw_edge_values_of_the_right_type_from_their_own_stream():
+    """--odd: one to three edge values per case, each of the type its field takes (so the build
+    parses them), drawn from a stream of their own: the bad-input cases stay as they were."""
+    fuzz = load_script("refusal_fuzz")
+    odd = [fuzz.spoil(7, i, odd=True) for i in range(200)]
+    assert odd == [fuzz.spoil(7, i, odd=True) for i in range(200)]
+    assert [c for c, _, _ in odd[:20]] != [c for c, _, _ in (fuzz.spoil(7, i) for i in range(20))]
+    for case, lines, done in odd:
+        assert 1 <= len(done) <= 3 and "from_cli" not in case
+        for line in lines:
+            assert isinstance(json.loads(line), dict)  # every row stays a row
