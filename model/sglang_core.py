@@ -114,8 +114,11 @@ class SglangCore:
                 extra = r.allocated_tokens - len(r.kv_indices)
                 if extra > 0:
                     reserved += extra
-        used = self.kv.total_tokens - self.kv.available_tokens
-        return -(-(used + reserved) // self.config.block_size)
+        # usize arithmetic, which wraps in release builds (the root Cargo.toml's release profile
+        # keeps the default, no overflow checks): once SGQ-4's double frees have put more slots on
+        # the free list than the pool holds, `total - available` wraps (core.rs:763-765)
+        used = (self.kv.total_tokens - self.kv.available_tokens) % (USIZE_MAX + 1)
+        return -(-((used + reserved) % (USIZE_MAX + 1)) // self.config.block_size)
 
     def metrics(self, hit_tokens: int = 0, cache_total_tokens: int = 0) -> MockerMetrics:
         """SG-6: the SGLang metrics (core.rs:495-516).  ``waiting_requests`` counts waiting,

@@ -1507,6 +1507,29 @@ def test_same_pass_retraction_after_prefix_hit_double_frees():
     assert slot_conservation(core.value) is None
 
 
+def test_active_blocks_wrap_when_double_frees_overfill_the_free_list():
+    """SG-6, SGQ-4: after the double free above drains, a 16-token source with no output takes the
+    whole pool (evicting the tree) and its cancel frees all 16 slots: the free list then holds 20
+    entries for a 16-token pool. Upstream computes ``total - available`` in usize, which wraps in
+    release builds, so the metric is ceil((2^64 - 4) / 4) = 2^62 - 1 blocks, not -1."""
+    core = SgCore(sg_args(num_gpu_blocks=4, block_size=4, speedup_ratio=1.0,
+                          sglang={"page_size": 4, "clip_max_new_tokens": 1}))
+    core.receive(request(u(1), [1, 2, 3, 4], 1))
+    p = core.execute(0.0)
+    core.receive(request(u(2), [1, 2, 3, 4, 5, 6, 7, 8], 5))
+    core.receive(request(u(3), [9, 9, 9, 9], 5))
+    now = core.execute(p.end_ms).end_ms
+    while not core.is_empty():
+        now = max(now, core.execute(now).end_ms) + 1.0
+    assert core.value.double_freed_slots == 4 and core.value.kv.available_tokens == 4
+    core.submit_prefill("h1", request(u(9), list(range(100, 116)), 0))
+    core.execute(now)
+    assert core.metrics().active_decode_blocks == 3  # (16 tokens - 4 on the free list) / 4
+    core.cancel_source("h1")
+    assert (core.value.kv.available_tokens, core.value.kv.total_tokens) == (20, 16)
+    assert core.metrics().active_decode_blocks == 2**62 - 1
+
+
 def test_prefill_eviction_runs_before_the_prefix_match():
     """SGQ-5: the pool shortfall is evicted before the request matches its prefix, so the least
     recently used page (here the request's own prefix) is lost and the request reuses nothing."""
