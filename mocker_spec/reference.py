@@ -661,7 +661,9 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
         agree = (
             (ours.status == "livelock" and ref.status == "timeout")
             or (ours.status == "error" and ref.status == "error"
-                and (ours.message == ref.message or _same_refusal(ours, ref.message)))
+                # a recorded expected.status loses the text's trailing blanks (an empty session id
+                # ends upstream's WL-7 message with one), so the ends are not compared
+                and (ours.message.strip() == ref.message.strip() or _same_refusal(ours, ref.message)))
         )
         return None if agree else Divergence("status", "status", ours.label(), ref.label())
     if ref.records is not None and ours.records is not None:
