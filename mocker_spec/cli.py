@@ -304,7 +304,7 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     """Compare the oracle with the compiled reference (live, or the recorded corpus)."""
-    from .reference import case_dirs, compare, fid7_signature, run_model, run_reference, synthetic_as_trace_rows
+    from .reference import case_dirs, compare, fid7_signature, model_outcome, run_reference, synthetic_as_trace_rows
 
     if args.corpus is not None:
         import os
@@ -360,7 +360,7 @@ def cmd_diff(args: argparse.Namespace, console: Console) -> int:
     import os
     import tempfile
 
-    ours = run_model(job)
+    ours = model_outcome(job)  # a refusal during the replay is an outcome to compare, not a crash
     ref_job = dict(job)
     note = ""
     with tempfile.TemporaryDirectory(prefix="mocker-spec-diff-") as tmp:

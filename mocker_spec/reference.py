@@ -760,14 +760,21 @@ def check_case(case_dir: str | os.PathLike[str]) -> Tuple[Outcome, Outcome, Opti
     return check_loaded_case(*load_case(case_dir))
 
 
+def model_outcome(job: Mapping[str, Any]) -> Outcome:
+    """:func:`run_model` as an outcome: a refusal (``InvalidInput``, raised before or during the
+    replay) is an error carrying upstream's text and what was refused; any other exception (a
+    missing core, a model bug) an error naming it."""
+    try:
+        return run_model(job)
+    except InvalidInput as exc:  # upstream's text is the reason; the field=value prefix is the CLI's
+        return Outcome("error", exc.reason, refused=exc.field, refused_value=exc.value)
+    except Exception as exc:
+        return Outcome("error", f"{type(exc).__name__}: {exc}")
+
+
 def check_loaded_case(job: Dict[str, Any], ref: Outcome) -> Tuple[Outcome, Outcome, Optional[Divergence]]:
     """:func:`check_case` on a case already read by :func:`load_case`."""
-    try:
-        ours = run_model(job)
-    except InvalidInput as exc:  # upstream's text is the reason; the field=value prefix is the CLI's
-        ours = Outcome("error", exc.reason, refused=exc.field, refused_value=exc.value)
-    except Exception as exc:  # a missing core, a model bug: report it per case
-        ours = Outcome("error", f"{type(exc).__name__}: {exc}")
+    ours = model_outcome(job)
     return ours, ref, compare(ours, ref)
 
 

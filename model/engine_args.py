@@ -236,8 +236,10 @@ class EngineArgs:
 
     @property
     def total_kv_tokens(self) -> int:
-        """``num_gpu_blocks * block_size``: the KV pool in tokens."""
-        return self.num_gpu_blocks * self.block_size
+        """``num_gpu_blocks * block_size``: the KV pool in tokens, a usize product that wraps in
+        release builds (sglang/config.rs:91, sglang/core.rs:120, vllm/core.rs:1811): an SGLang
+        worker with 2^62 + 16 blocks of 4 tokens has a 64-token pool (ARGS-12, SG-1, TIME-10, TIME-11)."""
+        return (self.num_gpu_blocks * self.block_size) % (_USIZE_MAX + 1)
 
     def scheduling_policy(self) -> SchedulingPolicy:
         """Rule: ARGS-16. TRT-LLM admits with guaranteed-no-evict; vLLM (and SGLang) use vLLM rules."""

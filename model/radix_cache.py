@@ -88,7 +88,7 @@ def new_token_pool(total: int) -> TokenPool:
     if total > MAX_POOL_SLOTS:
         raise InvalidInput("total_tokens", total,
                            f"an SGLang pool of {total} token slots is more than the model builds "
-                           f"({MAX_POOL_SLOTS}; num_gpu_blocks * block_size)", rule="POOL-1")
+                           f"({MAX_POOL_SLOTS}; num_gpu_blocks * block_size, wrapped to 64 bits)", rule="POOL-1")
     return TokenPool(total=total, buf=pvector(range(total - 1, -1, -1)), size=total)
 
 

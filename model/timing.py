@@ -218,7 +218,7 @@ def vllm_decode_duration_ns(ready_count: int, total_length: int, num_active_bloc
     if ready_count == 0 or args.worker_type is WorkerType.PREFILL:
         return 0
     active_kv_tokens = num_active_blocks * args.block_size
-    total_kv_tokens = args.num_gpu_blocks * args.block_size
+    total_kv_tokens = args.total_kv_tokens  # the usize product, wrapped (ARGS-12)
     context_length = total_length // ready_count
     ms = polynomial_decode_ms(ready_count, active_kv_tokens, context_length, total_kv_tokens)
     return scale_decode_ns(ms, args.speedup_ratio, args.decode_speedup_ratio)
@@ -234,7 +234,7 @@ def sglang_decode_duration_ns(running_count: int, total_context: int, args: Engi
     """
     if running_count == 0:
         return 0
-    total_kv_tokens = args.num_gpu_blocks * args.block_size
+    total_kv_tokens = args.total_kv_tokens  # the usize product, wrapped (ARGS-12)
     avg_context = total_context // running_count
     active_kv_tokens = min(total_context, total_kv_tokens)
     ms = polynomial_decode_ms(running_count, active_kv_tokens, avg_context, total_kv_tokens)

@@ -712,3 +712,14 @@ def test_live_two_bad_arguments_are_refused_like_the_build():
         if compare(mine, Outcome("error", text)) is not None:
             disagreements.append((dialect, args, text[:120], str(ours)))
     assert not disagreements, f"{len(disagreements)} of {len(jobs)}, first: {disagreements[:3]}"
+
+
+def test_pool_size_is_a_wrapping_usize_product():
+    """ARGS-12, SG-1: ``num_gpu_blocks * block_size`` wraps modulo 2^64 as upstream's usize
+    product does in release builds: (2^62 + 16) * 4 = 2^64 + 64, a 64-token pool (the compiled
+    build runs such a worker exactly like one with 16 blocks: golden args-sglang-pool-wraps)."""
+    wrapped = engine_args_from_json({"engine_type": "sglang", "num_gpu_blocks": 2**62 + 16, "block_size": 4})
+    assert wrapped.total_kv_tokens == 64
+    assert wrapped.sglang_config().total_kv_tokens == 64
+    assert engine_args_from_json({"num_gpu_blocks": 2**62, "block_size": 4, "engine_type": "sglang"}).total_kv_tokens == 0
+    assert engine_args_from_json({"num_gpu_blocks": 100, "block_size": 16}).total_kv_tokens == 1600

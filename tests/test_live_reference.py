@@ -180,6 +180,23 @@ def test_live_json_dialect_validation_refusals_agree(reference_python, tmp_path)
 
 
 @pytest.mark.reference
+def test_live_diff_compares_a_refusal_raised_during_the_replay(reference_python, tmp_path, capsys):
+    """KV-1, FID-10: ``mocker-spec diff`` on one job whose model refusal comes during the replay
+    (a vLLM block size that is not a power of two, refused when the worker is built) compares it
+    with the compiled build's panic instead of stopping with a traceback."""
+    from mocker_spec.cli import main
+
+    case, rows = generate_case(SEED, 0)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    argv = ["diff", str(trace), "--trace-block-size", "16", "--extra-engine-args",
+            json.dumps({"block_size": 12, "num_gpu_blocks": 64})]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "model: error: block_size must be a power of 2, got 12" in out and "agree" in out
+
+
+@pytest.mark.reference
 def test_live_argument_check_order_matches_the_reference(reference_python, tmp_path):
     """DRV-1: given two bad arguments, the model refuses the one the compiled build refuses, on the
     trace entry point (worker counts, then router_mode, then trace_format, max_sim_time_ms, the SLA,
