@@ -30,6 +30,9 @@ from .frozen import EMPTY as _EMPTY_MAP, FrozenDict, adopt as _adopt, draft as _
 
 from model.errors import InvalidInput, rust_display
 
+#: REP-1: the most f64 token times a Vec can reserve, isize::MAX bytes (2^60 - 1)
+_MAX_TOKEN_TIMES = (2**63 - 1) // 8
+
 __all__ = [
     "TerminalStatus",
     "RequestTimeline",
@@ -384,7 +387,12 @@ class TraceCollector:
     # -- facts ------------------------------------------------------------------
 
     def on_arrival(self, uuid: str, arrival_time_ms: float, input_length: int, output_length: int) -> "TraceCollector":
-        """Insert (or replace) the request's entry with a fresh timeline."""
+        """Insert (or replace) the request's entry with a fresh timeline.  REP-1: upstream reserves
+        room for ``output_length`` f64 token times here, and a reservation of more than isize::MAX
+        bytes panics with "capacity overflow" (collector.rs:590); the model refuses the request the
+        same way."""
+        if output_length > _MAX_TOKEN_TIMES:
+            raise InvalidInput("output_length", output_length, "capacity overflow", rule="REP-1")
         tl = RequestTimeline(
             uuid=uuid, arrival_time_ms=arrival_time_ms, input_length=input_length, output_length=output_length
         )

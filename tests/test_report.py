@@ -748,3 +748,16 @@ def test_distribution_order_statistics_ignore_input_order(values: list[float], r
     assert a.mean == pytest.approx(b.mean, rel=1e-12, abs=1e-300)
     ordered = sorted(values)
     assert a.p90 == ordered[percentile_rank(len(values), 90.0)]
+
+
+def test_rep1_an_output_length_of_2_to_the_60_cannot_be_reserved():
+    """REP-1: the collector reserves ``output_length`` f64 token times, at most isize::MAX bytes, so
+    2^60 times panic upstream with "capacity overflow" (recorded from the compiled build); 2^60 - 1
+    is the largest reservation that does not overflow."""
+    from model.errors import InvalidInput
+    from model.report import TraceCollector
+
+    with pytest.raises(InvalidInput) as info:
+        TraceCollector().on_arrival("a", 0.0, 8, 2**60)
+    assert info.value.reason == "capacity overflow" and info.value.field == "output_length"
+    assert "a" in TraceCollector().on_arrival("a", 0.0, 8, 2**60 - 1).requests
