@@ -38,7 +38,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import attrs
 
 from model.engine_args import engine_args_from_json
-from model.errors import InvalidInput
+from model.errors import InvalidInput, UpstreamPanic
 from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
 from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_setup, run_replay
 from model.workload import DEFAULT_TRACE_BLOCK_SIZE, FlatWorkload, canonical_trace_format, synthetic_replay_workload
@@ -487,7 +487,14 @@ def run_model(job: Mapping[str, Any]) -> Outcome:
         return Outcome("error", exc.message)
     summary, records = finish(col, 0.0)
     summary = {k: v for k, v in summary.items() if k != "wall_time_ms"}
-    return Outcome("ok", "", summary, [r.to_dict() for r in records])
+    return Outcome("ok", "", summary, [_as_written(r.to_dict()) for r in records])
+
+
+def _as_written(record: Dict[str, Any]) -> Dict[str, Any]:
+    """REP-3: a record as its JSONL line reads back: serde_json writes a non-finite float as
+    ``null`` (an unvalidated disaggregated trace can make times infinite, WL-9), and so does the
+    model's writer (``format_json_float``)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
 def synthetic_as_trace_rows(workload: FlatWorkload) -> List[Dict[str, Any]]:
@@ -610,6 +617,14 @@ _EMPTY_TRACE = re.compile(r"^trace file .+ did not contain any requests$")
 _TRACE_FORMAT_REFUSAL = re.compile(r"^trace_format must be .+, got '(.*)'$")
 
 
+def _same_panic(ours: Outcome, ref_message: str) -> bool:
+    """An upstream panic the model mirrors with the same text: as a refusal (a vLLM block size
+    that is not a power of two, KV-1; an output length too large to reserve, REP-1) or as an
+    :class:`~model.errors.UpstreamPanic` (a duration overflow, TIME-1)."""
+    panic = _PANIC.match(ref_message)
+    return panic is not None and panic.group(1).strip() == ours.message.strip()
+
+
 def _same_refusal(ours: Outcome, ref_message: str) -> bool:
     """FID-10: the model refused ``ours.refused`` and the reference refused the same input: the same
     engine argument (its range-error text lists the range's keys in hash-map order, so texts are
@@ -634,9 +649,6 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
     panic = _VALIDATION_PANIC.match(ref_message)
     if panic:
         return field.split(".")[-1] == panic.group(1)
-    panic = _PANIC.match(ref_message)
-    if panic:  # an upstream assertion the model mirrors as a refusal with the same text (KV-1)
-        return panic.group(1) == ours.message
     line = _TRACE_LINE_REFUSAL.match(ref_message)
     if line:
         return field.startswith(f"trace line {line.group(1)}:")
@@ -663,7 +675,8 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
             or (ours.status == "error" and ref.status == "error"
                 # a recorded expected.status loses the text's trailing blanks (an empty session id
                 # ends upstream's WL-7 message with one), so the ends are not compared
-                and (ours.message.strip() == ref.message.strip() or _same_refusal(ours, ref.message)))
+                and (ours.message.strip() == ref.message.strip() or _same_panic(ours, ref.message)
+                     or _same_refusal(ours, ref.message)))
         )
         return None if agree else Divergence("status", "status", ours.label(), ref.label())
     if ref.records is not None and ours.records is not None:
@@ -768,6 +781,8 @@ def model_outcome(job: Mapping[str, Any]) -> Outcome:
         return run_model(job)
     except InvalidInput as exc:  # upstream's text is the reason; the field=value prefix is the CLI's
         return Outcome("error", exc.reason, refused=exc.field, refused_value=exc.value)
+    except UpstreamPanic as exc:  # upstream's panic text, word for word
+        return Outcome("error", exc.message)
     except Exception as exc:
         return Outcome("error", f"{type(exc).__name__}: {exc}")
 

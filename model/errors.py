@@ -67,6 +67,12 @@ class InternalInvariantBroken(ModelError):
     """
 
 
+class UpstreamPanic(InternalInvariantBroken):
+    """Upstream panics here, in release builds too, on inputs a user can give (a speed-up so small
+    that a duration overflows, TIME-1); the message is upstream's panic text, word for word, so a
+    comparison with the compiled build can match it."""
+
+
 # --- kernel rejections (spec/handoff-lifecycle.md) ------------------------------------------
 
 

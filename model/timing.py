@@ -23,7 +23,10 @@ from typing import Optional
 import attrs
 
 from model.engine_args import EngineArgs, KvTransferTimingMode, WorkerType
-from model.errors import InternalInvariantBroken, rust_display
+from model.errors import UpstreamPanic, rust_display
+
+#: TIME-1: the prefix of ``Duration::from_secs_f64``'s panic texts
+_DURATION_PANIC = "cannot convert float seconds to Duration: "
 
 NANOS_PER_SEC = 1_000_000_000
 #: the largest u64 (and usize on 64-bit targets)
@@ -52,20 +55,21 @@ DECODE_FLOOR_MS = 1.0
 def duration_from_secs(secs: float) -> int:
     """Rule: TIME-1. ``Duration::from_secs_f64``: exact binary value of ``secs`` to ns, ties to even.
 
-    Returns integer nanoseconds.  Raises :class:`InternalInvariantBroken` where
+    Returns integer nanoseconds.  Raises :class:`~model.errors.UpstreamPanic` (an ``InternalInvariantBroken``) with Rust's text where
     upstream panics (negative, NaN, infinite or too large for ``Duration``).
     """
-    if secs != secs or secs in (float("inf"), float("-inf")):
-        raise InternalInvariantBroken(f"Duration::from_secs_f64 of non-finite value {secs!r}", rule="TIME-1")
+    # Rust's texts: a negative value (-inf included) first, then NaN, +inf or too large
     if secs < 0.0:
-        raise InternalInvariantBroken(f"Duration::from_secs_f64 of negative value {secs!r}", rule="TIME-1")
+        raise UpstreamPanic(_DURATION_PANIC + "value is negative", rule="TIME-1")
+    if secs != secs or secs == float("inf"):
+        raise UpstreamPanic(_DURATION_PANIC + "value is either too big or NaN", rule="TIME-1")
     num, den = secs.as_integer_ratio()  # den is a power of two, exact
     quot, rem = divmod(num * NANOS_PER_SEC, den)
     twice = 2 * rem
     if twice > den or (twice == den and quot & 1):
         quot += 1
     if quot > _MAX_DURATION_NS:
-        raise InternalInvariantBroken(f"Duration::from_secs_f64 overflow for {secs!r}", rule="TIME-1")
+        raise UpstreamPanic(_DURATION_PANIC + "value is either too big or NaN", rule="TIME-1")
     return quot
 
 

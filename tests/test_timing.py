@@ -404,3 +404,21 @@ def test_f64_as_u64_saturates_like_rust():
     assert f64_as_u64(2.0**64) == U64_MAX and f64_as_u64(float("inf")) == U64_MAX
     assert f64_as_u64(2.0**63) == 2**63  # exact below the bound
     assert f64_as_u64(2.0**64 - 2048.0) == 2**64 - 2048  # the largest f64 below 2^64 is kept exactly
+
+
+@pytest.mark.parametrize("secs, text", [
+    (-1.0, "value is negative"), (float("-inf"), "value is negative"),
+    (float("nan"), "value is either too big or NaN"), (float("inf"), "value is either too big or NaN"),
+    (1.7e298, "value is either too big or NaN"),
+])
+def test_time1_duration_panics_carry_rusts_text(secs, text):
+    """TIME-1: where Duration::from_secs_f64 panics the model stops with Rust's text (recorded
+    from the compiled build for the overflow a speed-up of 1e-300 causes: "cannot convert float
+    seconds to Duration: value is either too big or NaN"); -0.0 is a zero duration."""
+    from model.errors import UpstreamPanic
+    from model.timing import duration_from_secs
+
+    with pytest.raises(UpstreamPanic) as info:
+        duration_from_secs(secs)
+    assert info.value.message == "cannot convert float seconds to Duration: " + text
+    assert duration_from_secs(-0.0) == 0
