@@ -320,6 +320,12 @@ class VllmKvState:
     next_reservation_id: int = 0
 
 
+#: KV-1: the most blocks the block manager's eviction index can reserve: isize::MAX bytes of
+#: 16-byte entries (pools/inactive/backends/lineage/eviction.rs:214 via manager/builder.rs:434; 2^59 blocks panic with
+#: "capacity overflow" in the compiled build, 2^58 abort for want of memory)
+_MAX_EVICTION_SLOTS = (2**63 - 1) // 16
+
+
 def new_kv_manager(
     num_blocks: int, block_size: int, *, dp_rank: int = 0, publish_events: bool = False
 ) -> VllmKvState:
@@ -339,6 +345,8 @@ def new_kv_manager(
                            rule="KV-1")
     if num_blocks < 1:
         raise InvalidInput("num_gpu_blocks", num_blocks, "must be >= 1", rule="KV-1")
+    if num_blocks > _MAX_EVICTION_SLOTS:  # the eviction index reserves one entry per block
+        raise InvalidInput("num_gpu_blocks", num_blocks, "capacity overflow", rule="KV-1")
     return VllmKvState(
         num_blocks=num_blocks,
         block_size=block_size,

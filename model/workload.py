@@ -369,6 +369,13 @@ def trace_from_mooncake_lines(lines: Iterable[str], trace_block_size: int) -> Tr
 # ---------------------------------------------------------------------------
 
 
+#: WL-10, WL-16: the most u32 tokens a Vec can hold, isize::MAX bytes (2^61 - 1)
+_MAX_U32_VEC = (2**63 - 1) // 4
+#: WL-16: the most synthetic requests the binding's Vec can reserve (2^56 - 1; 128-byte entries,
+#: measured against the compiled build)
+_MAX_SYNTHETIC_REQUESTS = (2**63 - 1) // 128
+
+
 def synthesize_tokens(turn: TurnTrace, trace_block_size: int) -> tuple[int, ...]:
     """WL-10: each hash id ``h`` becomes ``h mod 2**32`` repeated ``trace_block_size`` times, cut at ``input_length``."""
     if trace_block_size <= 0:
@@ -381,9 +388,12 @@ def synthesize_tokens(turn: TurnTrace, trace_block_size: int) -> tuple[int, ...]
         )
     out: list[int] = []
     for h in turn.hash_ids:
-        out.extend([h & _U32_MAX] * trace_block_size)
+        # upstream extends a whole block before cutting: a Vec<u32> that would pass isize::MAX
+        # bytes panics with "capacity overflow" (trace.rs:134); the model only appends what it keeps
+        if len(out) + trace_block_size > _MAX_U32_VEC:
+            raise InvalidInput("trace_block_size", trace_block_size, "capacity overflow", rule="WL-10")
+        out.extend([h & _U32_MAX] * min(trace_block_size, turn.input_length - len(out)))
         if len(out) >= turn.input_length:
-            del out[turn.input_length:]
             break
     if len(out) != turn.input_length:
         # only reachable with input_length 0 and no hash ids left to stop the loop
@@ -704,6 +714,11 @@ def synthetic_requests(
         raise InvalidInput("arrival_interval_ms", v, "arrival_interval_ms must be a finite non-negative "
                            f"number, got {rust_display(float(v))}", rule="WL-16")
     _check_nonneg("arrival_interval_ms", v, "WL-16")
+    # the binding reserves the request list, then each prompt, up front (replay.rs:1783-1787)
+    if request_count > _MAX_SYNTHETIC_REQUESTS:
+        raise InvalidInput("request_count", request_count, "capacity overflow", rule="WL-16")
+    if input_tokens > _MAX_U32_VEC:
+        raise InvalidInput("input_tokens", input_tokens, "capacity overflow", rule="WL-16")
     interval = float(arrival_interval_ms)
     return tuple(
         ReplayRequest(

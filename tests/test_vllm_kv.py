@@ -1184,3 +1184,17 @@ def test_kv1_block_size_is_a_power_of_two_up_to_1024(block_size, text):
     assert info.value.field == "block_size" and info.value.reason == text and info.value.rule == "KV-1"
     for ok in (1, 2, 1024):
         assert new_kv_manager(8, ok).block_size == ok
+
+
+def test_kv1_a_pool_past_the_eviction_index_reservation_is_a_capacity_overflow():
+    """KV-1: the eviction index reserves one 16-byte entry per block, so 2^59 blocks panic with
+    "capacity overflow" in the compiled build; the model refuses them with that text (the check
+    comes after the block size's)."""
+    from model.errors import InvalidInput
+
+    with pytest.raises(InvalidInput) as info:
+        new_kv_manager(2**59, 16)
+    assert (info.value.field, info.value.reason) == ("num_gpu_blocks", "capacity overflow")
+    with pytest.raises(InvalidInput, match="power of 2"):
+        new_kv_manager(2**59, 12)
+    assert new_kv_manager(2**59 - 1, 16).num_blocks == 2**59 - 1

@@ -582,3 +582,21 @@ def test_trace_format_names_follow_the_binding() -> None:
         canonical_trace_format("csv")
     assert err.value.reason == ("trace_format must be 'mooncake', 'mooncake-delta', "
                                 "'agentic_mooncake'/'agentic-mooncake', or 'applied_compute_agentic', got 'csv'")
+
+
+def test_reservations_past_isize_max_bytes_are_capacity_overflows() -> None:
+    """WL-10, WL-16: upstream grows a Vec<u32> by a whole trace block before cutting it, and the
+    binding reserves the synthetic request list and each prompt up front; past isize::MAX bytes
+    (2^61 tokens, 2^56 requests) each panics with "capacity overflow" (recorded from the compiled
+    build), and the model refuses the same input with that text. Just below, nothing is
+    materialised beyond the prompt."""
+    turn = TurnTrace(input_length=4, max_output_tokens=1, hash_ids=(7, 8), delay_after_previous_ms=0.0)
+    with pytest.raises(InvalidInput) as info:
+        synthesize_tokens(turn, 2**61)
+    assert (info.value.field, info.value.reason) == ("trace_block_size", "capacity overflow")
+    assert synthesize_tokens(turn, 2**61 - 1) == (7, 7, 7, 7)
+    for kw, field in (({"request_count": 2**56}, "request_count"), ({"input_tokens": 2**61}, "input_tokens")):
+        args = dict({"input_tokens": 8, "output_tokens": 2, "request_count": 2, "arrival_interval_ms": 1.0}, **kw)
+        with pytest.raises(InvalidInput) as info:
+            synthetic_requests(**args)
+        assert (info.value.field, info.value.reason) == (field, "capacity overflow")
