@@ -11,6 +11,8 @@ from typing import Iterable, Sequence
 
 import xxhash
 
+from model.errors import UpstreamPanic
+
 #: seed of every XXH3 hash in the mocker (upstream ``CHAIN_XXH3_SEED`` / salt 1337)
 XXH3_SEED = 1337
 
@@ -77,13 +79,14 @@ _FRAG54_MASK = (1 << 54) - 1  # fragment mask below position 256 (the common cas
 def plh_fragment_bits(position: int) -> int:
     """HASH-4: width of the parent fragment a PLH at ``position`` stores.
 
-    54 bits below position 256, 46 below 65 536, 38 below 2^24.  Positions
-    at or beyond 2^24 are rejected (upstream panics).
+    54 bits below position 256, 46 below 65 536, 38 from there on: upstream's mode choice has no
+    upper bound (lib/tokens/src/lib.rs:665-673), so the fragment a node at position 2^24 - 1 is
+    keyed by, for a child at 2^24, is 38 bits; only building a PLH at 2^24 or beyond panics
+    (:meth:`Plh.new`).
     """
-    for bound, bits in _PLH_MODES:
-        if position < bound:
-            return bits
-    raise OverflowError(f"PLH position {position} exceeds 2^24 - 1")
+    if position < 256:
+        return 54
+    return 46 if position < 65536 else 38
 
 
 def _plh_mode(position: int) -> int:
@@ -110,7 +113,11 @@ class Plh(tuple):
 
     @classmethod
     def new(cls, current: int, parent: int | None, position: int) -> "Plh":
-        """Build a PLH like ``PositionalLineageHash::new(current, parent, position)``."""
+        """Build a PLH like ``PositionalLineageHash::new(current, parent, position)``, which panics
+        for a position of 2^24 or more (lib/tokens/src/lib.rs:562-567)."""
+        if position >= 1 << 24:
+            raise UpstreamPanic(f"Position {position} exceeds maximum supported value (2^24 - 1 = 16,777,215)",
+                                rule="HASH-4")
         mask = _FRAG54_MASK if position < 256 else (1 << plh_fragment_bits(position)) - 1
         return tuple.__new__(cls, (position, current & _U64_MASK, (parent or 0) & mask))
 

@@ -227,8 +227,9 @@ def test_hash4_fragment_widths_and_packing():
         assert plh_fragment_bits(pos) == bits
         plh = Plh.new(0xFFFF_FFFF_FFFF_FFFF, (1 << 64) - 1, pos)
         assert plh.parent_fragment == (1 << bits) - 1
-    with pytest.raises(OverflowError):
-        plh_fragment_bits(1 << 24)
+    # the mode choice has no upper bound (lib.rs:665-673): a child at 2^24 stores 38 bits too;
+    # building a PLH there panics (test_hash4_positions_up_to_2_to_the_24)
+    assert plh_fragment_bits(1 << 24) == 38
     # The packing [mode | position | current | parent fragment], by hand:
     # position 5 (mode 0): 5 << (64 + 54) | 0xABC << 54 | 0x123
     assert Plh.new(0xABC, 0x123, 5).as_u128() == (5 << 118) | (0xABC << 54) | 0x123
@@ -413,3 +414,18 @@ def test_structure_invariants(prompt_len, bs, steps):
             [seq._block_local_hash(i) for i in range(n_full)]
         )
         assert n_full <= len(toks) // bs
+
+
+def test_hash4_positions_up_to_2_to_the_24():
+    """HASH-4: building a PLH at position 2^24 or more panics upstream with this text
+    (lib/tokens/src/lib.rs:562-567; the compiled build gives it for a prompt of 2^24 + 1 blocks);
+    the last position, 2^24 - 1, is keyed in the lineage index by the 38-bit fragment a child at
+    2^24 would store, since upstream's mode choice has no upper bound (lib.rs:665-673)."""
+    from model.errors import UpstreamPanic
+    from model.hashing import Plh
+
+    last = Plh.new(0xFFFF_FFFF_FFFF_FFFF, 7, 2**24 - 1)
+    assert last.lineage_key() == (2**24 - 1, (1 << 38) - 1)
+    with pytest.raises(UpstreamPanic) as info:
+        Plh.new(1, 2, 2**24)
+    assert info.value.message == "Position 16777216 exceeds maximum supported value (2^24 - 1 = 16,777,215)"
