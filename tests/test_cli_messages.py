@@ -221,8 +221,9 @@ def test_a_core_that_refuses_its_block_size_is_bad_input(capsys):
 
 
 def test_pools_the_model_cannot_build_are_bad_input(tmp_path, capsys):
-    """POOL-1: an SGLang pool beyond 2^28 slots is refused in one line (it used to fill the
-    memory); a vLLM pool of any size is built lazily and runs."""
+    """POOL-1, KV-1: an SGLang pool beyond 2^28 slots is refused in one line (it used to fill the
+    memory); a vLLM pool is built lazily and runs, up to the 2^59 blocks past which upstream's
+    eviction index cannot be reserved ("capacity overflow", also one line)."""
     big = '{"num_gpu_blocks": 1000000000, "block_size": 16, "engine_type": "sglang"}'
     assert main(["replay", str(TRACE), "--extra-engine-args", big, "--no-progress"]) == 2
     _one_error_line(capsys, "total_tokens=16000000000", "more than the model builds")
@@ -233,7 +234,10 @@ def test_pools_the_model_cannot_build_are_bad_input(tmp_path, capsys):
     assert main(["explore", str(sc), "--no-progress"]) == 2
     assert _one_error_line(capsys, "more than the model builds").startswith("bad scenario: ")
     huge_vllm = '{"num_gpu_blocks": 9223372036854775807, "block_size": 16}'
-    assert main(["replay", str(TRACE), "--extra-engine-args", huge_vllm, "--no-progress"]) == 0
+    assert main(["replay", str(TRACE), "--extra-engine-args", huge_vllm, "--no-progress"]) == 2
+    _one_error_line(capsys, "num_gpu_blocks=9223372036854775807", "capacity overflow")
+    large_vllm = '{"num_gpu_blocks": 1099511627776, "block_size": 16}'  # 2^40 blocks
+    assert main(["replay", str(TRACE), "--extra-engine-args", large_vllm, "--no-progress"]) == 0
     capsys.readouterr()
 
 
