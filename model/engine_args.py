@@ -649,17 +649,18 @@ def _parse_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
 
 def _parse_nested(field: str, value: Any, fields: tuple[tuple[str, str], ...], dialect: str,
                   required: bool) -> dict[str, Any]:
-    """ARGS-11: a nested object (``sglang``, ``trtllm``, ``reasoning``)."""
+    """ARGS-11: a nested object (``sglang``, ``trtllm``, ``reasoning``): the keywords of its own
+    constructor, or a JSON object (or serde's sequence form of one)."""
     if isinstance(value, (list, tuple)) and dialect == "json":
         return _parse_nested_sequence(field, value, fields, dialect, required)
     if not isinstance(value, Mapping):
         raise InvalidInput(field, value, "invalid type, expected an object", rule="ARGS-13")
+    if dialect == "kwargs":
+        return _parse_nested_keywords(field, value, fields, required)
     known = {name for name, _ in fields}
     out: dict[str, Any] = {}
     for key, item in value.items():
         if key not in known:
-            if dialect == "kwargs":
-                raise InvalidInput(f"{field}.{key}", item, "unknown field", rule="ARGS-11")
             continue  # JSON: unknown keys inside nested objects are ignored
         kind = dict(fields)[key]
         if item is None:
@@ -873,7 +874,7 @@ def _read_constructor_keywords(obj: Mapping[Any, Any]) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, members, required in _NESTED_CONSTRUCTORS:
         if isinstance(obj.get(key), Mapping):
-            nested[key] = _parse_nested_keywords(key, obj[key], members, required)
+            nested[key] = _parse_nested(key, obj[key], members, "kwargs", required)
     for key, value in obj.items():
         if not isinstance(key, str) or key not in _COMMON_KEYS:
             raise InvalidInput(str(key), value, "unknown field", rule="ARGS-11")
