@@ -235,7 +235,7 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     import gc
     import time
 
-    from model.errors import InternalInvariantBroken, InvalidInput
+    from model.errors import InternalInvariantBroken, InvalidInput, UpstreamPanic
     from model.report import finish
     from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, run_replay
 
@@ -285,6 +285,9 @@ def cmd_replay(args: argparse.Namespace, console: Console) -> int:
     except InvalidInput as exc:
         # an input only the running core refuses (vLLM with block_size 1: upstream panics there)
         messages.error(str(exc))
+        return EXIT_BAD_INPUT
+    except UpstreamPanic as exc:  # an input that makes upstream panic (a duration overflow, TIME-1)
+        messages.error(f"upstream panics on this input ({exc.rule}): {exc.message}")
         return EXIT_BAD_INPUT
     except InternalInvariantBroken as exc:
         messages.error(f"upstream would panic here ({exc.rule}): {exc.message}")

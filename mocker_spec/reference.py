@@ -608,8 +608,7 @@ _TRACE_LINE_REFUSAL = re.compile(r"^failed to parse line (\d+) from .+ as JSON$"
 #: FID-10: a panic on a validation failure names the field (a vLLM ``block_size`` of 1: the
 #: sequence's validator, sequence.rs:58,109; the model refuses it, SEQ-3)
 _VALIDATION_PANIC = re.compile(r'^the reference crashed: pyo3_runtime\.PanicException: .*ValidationErrors\(\{"(\w+)"')
-#: an upstream panic whose text the model's refusal repeats (the vLLM block manager's block size
-#: assertions, KV-1)
+#: an upstream panic: the model repeats its text as a refusal or an ``UpstreamPanic`` (_same_panic)
 _PANIC = re.compile(r"^the reference crashed: pyo3_runtime\.PanicException: (.*)$", re.S)
 _EMPTY_TRACE = re.compile(r"^trace file .+ did not contain any requests$")
 #: FID-11: the compiled build lists one more trace format than the pin, so the refusal's text

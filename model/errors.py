@@ -59,6 +59,15 @@ class InvalidInput(ModelError):
         super().__init__(f"{field}={value!r}: {reason}", rule=rule)
 
 
+def check_reservation(field: str, value: int, count: int, element_bytes: int, rule: str) -> None:
+    """Refuse ``value`` as upstream's Rust ``Vec`` does a reservation of ``count`` elements of
+    ``element_bytes`` each that passes ``isize::MAX`` bytes: it panics with "capacity overflow"
+    (REP-1, KV-1, WL-10, WL-16). Smaller reservations that exceed the machine's memory abort
+    upstream; the model does not model that (spec/fidelity.md)."""
+    if count > (2**63 - 1) // element_bytes:
+        raise InvalidInput(field, value, "capacity overflow", rule=rule)
+
+
 class InternalInvariantBroken(ModelError):
     """An upstream ``expect``/``debug_assert`` would have fired.
 

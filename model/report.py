@@ -28,10 +28,7 @@ from pyrsistent import PVector, pvector
 
 from .frozen import EMPTY as _EMPTY_MAP, FrozenDict, adopt as _adopt, draft as _draft
 
-from model.errors import InvalidInput, rust_display
-
-#: REP-1: the most f64 token times a Vec can reserve, isize::MAX bytes (2^60 - 1)
-_MAX_TOKEN_TIMES = (2**63 - 1) // 8
+from model.errors import InvalidInput, check_reservation, rust_display
 
 __all__ = [
     "TerminalStatus",
@@ -391,8 +388,7 @@ class TraceCollector:
         room for ``output_length`` f64 token times here, and a reservation of more than isize::MAX
         bytes panics with "capacity overflow" (collector.rs:590); the model refuses the request the
         same way."""
-        if output_length > _MAX_TOKEN_TIMES:
-            raise InvalidInput("output_length", output_length, "capacity overflow", rule="REP-1")
+        check_reservation("output_length", output_length, output_length, 8, "REP-1")  # f64 times
         tl = RequestTimeline(
             uuid=uuid, arrival_time_ms=arrival_time_ms, input_length=input_length, output_length=output_length
         )

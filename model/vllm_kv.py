@@ -25,7 +25,7 @@ from typing import Iterable, Optional, Union
 import attrs
 from pyrsistent import PMap, PVector, pmap, pvector
 
-from model.errors import CommandRejected, InternalInvariantBroken, InvalidInput
+from model.errors import CommandRejected, InternalInvariantBroken, InvalidInput, check_reservation
 from model.frozen import EMPTY as FROZEN_EMPTY
 from model.frozen import FrozenDict, adopt, draft
 from model.hashing import Plh
@@ -320,10 +320,6 @@ class VllmKvState:
     next_reservation_id: int = 0
 
 
-#: KV-1: the most blocks the block manager's eviction index can reserve: isize::MAX bytes of
-#: 16-byte entries (pools/inactive/backends/lineage/eviction.rs:214 via manager/builder.rs:434; 2^59 blocks panic with
-#: "capacity overflow" in the compiled build, 2^58 abort for want of memory)
-_MAX_EVICTION_SLOTS = (2**63 - 1) // 16
 
 
 def new_kv_manager(
@@ -345,8 +341,9 @@ def new_kv_manager(
                            rule="KV-1")
     if num_blocks < 1:
         raise InvalidInput("num_gpu_blocks", num_blocks, "must be >= 1", rule="KV-1")
-    if num_blocks > _MAX_EVICTION_SLOTS:  # the eviction index reserves one entry per block
-        raise InvalidInput("num_gpu_blocks", num_blocks, "capacity overflow", rule="KV-1")
+    # the eviction index reserves one 16-byte entry per block (pools/inactive/backends/lineage/
+    # eviction.rs:214 via manager/builder.rs:434): 2^59 blocks panic, 2^58 abort upstream
+    check_reservation("num_gpu_blocks", num_blocks, num_blocks, 16, "KV-1")
     return VllmKvState(
         num_blocks=num_blocks,
         block_size=block_size,

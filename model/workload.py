@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 
-from model.errors import InvalidInput, rust_display
+from model.errors import InvalidInput, check_reservation, rust_display
 from model.report import total_order_key, uuid_from_int
 
 __all__ = [
@@ -369,13 +369,6 @@ def trace_from_mooncake_lines(lines: Iterable[str], trace_block_size: int) -> Tr
 # ---------------------------------------------------------------------------
 
 
-#: WL-10, WL-16: the most u32 tokens a Vec can hold, isize::MAX bytes (2^61 - 1)
-_MAX_U32_VEC = (2**63 - 1) // 4
-#: WL-16: the most synthetic requests the binding's Vec can reserve (2^56 - 1; 128-byte entries,
-#: measured against the compiled build)
-_MAX_SYNTHETIC_REQUESTS = (2**63 - 1) // 128
-
-
 def synthesize_tokens(turn: TurnTrace, trace_block_size: int) -> tuple[int, ...]:
     """WL-10: each hash id ``h`` becomes ``h mod 2**32`` repeated ``trace_block_size`` times, cut at ``input_length``."""
     if trace_block_size <= 0:
@@ -390,8 +383,7 @@ def synthesize_tokens(turn: TurnTrace, trace_block_size: int) -> tuple[int, ...]
     for h in turn.hash_ids:
         # upstream extends a whole block before cutting: a Vec<u32> that would pass isize::MAX
         # bytes panics with "capacity overflow" (trace.rs:134); the model only appends what it keeps
-        if len(out) + trace_block_size > _MAX_U32_VEC:
-            raise InvalidInput("trace_block_size", trace_block_size, "capacity overflow", rule="WL-10")
+        check_reservation("trace_block_size", trace_block_size, len(out) + trace_block_size, 4, "WL-10")
         out.extend([h & _U32_MAX] * min(trace_block_size, turn.input_length - len(out)))
         if len(out) >= turn.input_length:
             break
@@ -692,9 +684,12 @@ def _check_count(name: str, v: int) -> None:
         raise InvalidInput(name, v, f"{name} must be at least 1", rule="WL-16")
 
 
-def _check_nonneg(name: str, v: float, rule: str) -> None:
+def _check_nonneg(name: str, v: float, rule: str, quote: bool = False) -> None:
+    """``quote``: the text ends with the value in Rust's display (the flat synthetic path's,
+    binding:1776-1781; WL-17's quotes nothing)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0.0:
-        raise InvalidInput(name, v, f"{name} must be a finite non-negative number", rule=rule)
+        shown = f", got {rust_display(float(v))}" if quote and isinstance(v, (int, float)) and not isinstance(v, bool) else ""
+        raise InvalidInput(name, v, f"{name} must be a finite non-negative number{shown}", rule=rule)
 
 
 def synthetic_requests(
@@ -708,17 +703,11 @@ def synthetic_requests(
     _check_count("input_tokens", input_tokens)
     _check_count("output_tokens", output_tokens)
     _check_count("request_count", request_count)
-    v = arrival_interval_ms
-    if isinstance(v, (int, float)) and not isinstance(v, bool) and not (math.isfinite(v) and v >= 0.0):
-        # this path's text also quotes the value (binding:1776-1781), WL-17's does not
-        raise InvalidInput("arrival_interval_ms", v, "arrival_interval_ms must be a finite non-negative "
-                           f"number, got {rust_display(float(v))}", rule="WL-16")
-    _check_nonneg("arrival_interval_ms", v, "WL-16")
-    # the binding reserves the request list, then each prompt, up front (replay.rs:1783-1787)
-    if request_count > _MAX_SYNTHETIC_REQUESTS:
-        raise InvalidInput("request_count", request_count, "capacity overflow", rule="WL-16")
-    if input_tokens > _MAX_U32_VEC:
-        raise InvalidInput("input_tokens", input_tokens, "capacity overflow", rule="WL-16")
+    _check_nonneg("arrival_interval_ms", arrival_interval_ms, "WL-16", quote=True)
+    # the binding reserves the request list (128-byte entries, measured against the compiled
+    # build), then each prompt of u32 tokens, up front (replay.rs:1783-1787)
+    check_reservation("request_count", request_count, request_count, 128, "WL-16")
+    check_reservation("input_tokens", input_tokens, input_tokens, 4, "WL-16")
     interval = float(arrival_interval_ms)
     return tuple(
         ReplayRequest(

@@ -220,6 +220,14 @@ def test_a_core_that_refuses_its_block_size_is_bad_input(capsys):
     _one_error_line(capsys, "block_size=1", "needs block_size >= 2")
 
 
+def test_an_input_that_makes_upstream_panic_is_bad_input(capsys):
+    """TIME-1: a speed-up ratio of 1e-300 overflows the first prefill's duration, where upstream
+    panics; the CLI says so in one line, with Rust's text, and exit status 2."""
+    args = '{"block_size": 16, "num_gpu_blocks": 64, "speedup_ratio": 1e-300}'
+    assert main(["replay", str(TRACE), "--extra-engine-args", args, "--no-progress"]) == 2
+    _one_error_line(capsys, "upstream panics on this input (TIME-1)", "value is either too big or NaN")
+
+
 def test_pools_the_model_cannot_build_are_bad_input(tmp_path, capsys):
     """POOL-1, KV-1: an SGLang pool beyond 2^28 slots is refused in one line (it used to fill the
     memory); a vLLM pool is built lazily and runs, up to the 2^59 blocks past which upstream's
