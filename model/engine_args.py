@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 import math
+import os
+import re
 from typing import Any, Mapping, Optional, Sequence
 
 import attrs
@@ -257,10 +259,11 @@ class EngineArgs:
         return max(bound, 1)
 
     def aic_gpus_per_worker(self) -> int:
-        """Rule: ARGS-17. ``(aic_tp_size or 1) * (aic_attention_dp_size or 1)`` (GPU-hours factor)."""
+        """Rule: ARGS-17. ``(aic_tp_size or 1) * (aic_attention_dp_size or 1)`` (GPU-hours factor), a
+        usize product that wraps modulo 2^64 as in upstream's release build."""
         tp = self.aic_tp_size if self.aic_tp_size is not None else 1
         dp = self.aic_attention_dp_size if self.aic_attention_dp_size is not None else 1
-        return tp * dp
+        return (tp * dp) % (1 << 64)
 
     def startup_time_ms(self) -> Optional[float]:
         """Rule: ARGS-17. Worker start-up delay in ms: ``startup_time * 1000`` if it is > 0, else None."""
@@ -504,6 +507,7 @@ def check_disagg_replay_args(
 
 # Value kinds of the accepted keys.
 _USIZE, _U32, _U16, _U64, _F64, _BOOL, _STR, _ANY = "usize", "u32", "u16", "u64", "f64", "bool", "str", "any"
+_PATH = "path"  # a Rust PathBuf: a string, or in the constructor dialect also an os.PathLike (ARGS-13)
 _SGLANG, _TRTLLM, _REASONING = "sglang", "trtllm", "reasoning"
 
 #: key -> (kind, nullable).  ``nullable`` False means an explicit null is rejected
@@ -521,7 +525,7 @@ _COMMON_KEYS: dict[str, tuple[str, bool]] = {
     "dp_size": (_U32, False),
     "startup_time": (_F64, True),
     "worker_type": (_STR, False),
-    "planner_profile_data": (_STR, True),
+    "planner_profile_data": (_PATH, True),
     "aic_backend": (_STR, True),
     "aic_system": (_STR, True),
     "aic_backend_version": (_STR, True),
@@ -565,7 +569,7 @@ _COMMON_KEYS: dict[str, tuple[str, bool]] = {
     "sglang": (_SGLANG, True),
     "trtllm": (_TRTLLM, True),
     # present in the 1.3.0.post1 build (not in the source commit); live-only
-    "response_replay_trace_path": (_STR, True),
+    "response_replay_trace_path": (_PATH, True),
 }
 
 #: ARGS-11: keys only the JSON form accepts
@@ -640,7 +644,13 @@ def _parse_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
         if not isinstance(value, bool):
             raise InvalidInput(field, value, "invalid type, expected a boolean", rule="ARGS-13")
         return value
-    if kind == _STR:
+    if kind == _PATH and dialect == "kwargs" and not isinstance(value, str) and hasattr(value, "__fspath__"):
+        # PyO3 converts a PathBuf parameter through os.fspath (pathlib.Path and the like)
+        path = os.fspath(value)
+        if not isinstance(path, str):
+            raise InvalidInput(field, value, "invalid type, expected a string or a path", rule="ARGS-13")
+        return path
+    if kind in (_STR, _PATH):
         if not isinstance(value, str):
             raise InvalidInput(field, value, "invalid type, expected a string", rule="ARGS-13")
         return value
@@ -714,25 +724,33 @@ def _normalize_accept_rates(nextn: int, rates: Optional[str]) -> None:
     """ARGS-10: upstream's MTP rate validation (the model then rejects MTP, ARGS-14)."""
     if not 1 <= nextn <= 5:
         raise InvalidInput("aic_nextn", nextn, "must be in 1..=5", rule="ARGS-10")
-    stripped = rates.strip() if rates is not None else ""
+    stripped = rates.strip(_RUST_WHITESPACE) if rates is not None else ""
     if not stripped:
         return
-    for index, part in enumerate(stripped.split(",")):
-        text = part.strip()
+    parsed = []
+    for part in stripped.split(","):  # every entry parsed before any is range-checked
         try:
-            rate = _rust_parse_f64(text)
+            parsed.append(_rust_parse_f64(part.strip(_RUST_WHITESPACE)))
         except ValueError:
-            raise InvalidInput("aic_nextn_accept_rates", rates, f"invalid value {text!r}", rule="ARGS-10") from None
+            raise InvalidInput("aic_nextn_accept_rates", rates, f"invalid value {part!r}", rule="ARGS-10") from None
+    for index, rate in enumerate(parsed):  # entries past aic_nextn included (upstream drops them after)
         if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
             raise InvalidInput(
                 "aic_nextn_accept_rates", rates, f"entry {index} must be finite and in [0, 1]", rule="ARGS-10"
             )
 
 
+#: Rust's ``str::trim``: the Unicode White_Space characters (Python's ``str.strip`` also takes
+#: U+001C..U+001F)
+_RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+                    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
+#: Rust's ``f64::from_str`` grammar: a sign, then inf / infinity / nan (any case) or ASCII digits
+#: with an optional point and exponent; no blanks, underscores, hex or other digits
+_RUST_F64 = re.compile(r"[+-]?(?:inf|infinity|nan|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)", re.IGNORECASE)
+
+
 def _rust_parse_f64(text: str) -> float:
-    # Rust's f64::from_str accepts decimal/exponent forms and inf/infinity/nan (any case);
-    # it rejects surrounding whitespace, underscores and hex.
-    if text != text.strip() or "_" in text or text.lower().startswith(("0x", "+0x", "-0x")):
+    if _RUST_F64.fullmatch(text) is None:
         raise ValueError(text)
     return float(text)
 
@@ -898,7 +916,7 @@ def _read_constructor_keywords(obj: Mapping[Any, Any]) -> dict[str, Any]:
 def _constructor_enumerations(values: dict[str, Any]) -> dict[str, Any]:
     """ARGS-19, ARGS-3: the constructor's body parses its enumerations in ``_CONSTRUCTOR_ENUMS`` order; an
     absent ``worker_type`` is the parameter's default, aggregated. The body then loads
-    ``planner_profile_data`` before any range is validated (bindings replay.rs:292-300), so the
+    ``planner_profile_data`` before any range is validated (bindings replay.rs:307-315), so the
     model's refusal of it (ARGS-14) stands here in this dialect."""
     fields: dict[str, Any] = {}
     for key in _CONSTRUCTOR_ENUMS:
@@ -1002,6 +1020,8 @@ def engine_args_from_json(obj: Any, *, dialect: str = "json") -> EngineArgs:
     except InvalidInput as error:
         if rule_error is not None and error.rule not in ("ARGS-4", "ARGS-6", "ARGS-7"):
             raise rule_error from None
+        if error.rule == "ARGS-5" and nextn is not None:  # upstream parses the rates; ARGS-5 is the model's
+            _normalize_accept_rates(nextn, rates)
         raise
     if rule_error is not None:
         raise rule_error

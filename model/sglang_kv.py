@@ -286,15 +286,17 @@ class _Txn:
     def allocate_after_prefix(
         self, tokens: tuple[int, ...], prefix_len: int, prefix_indices: Sequence[int], node: int
     ) -> Optional[AllocResult]:
+        # Upstream allocates first (a short pool answers None), then slices the
+        # prefix (a panic when prefix_len is too long), then locks the node.
+        new = self.tree.pool.allocate(max(len(tokens) - prefix_len, 0))
+        if new is None:
+            return None
         if prefix_len < 0 or prefix_len > len(prefix_indices):
             raise InternalInvariantBroken(
                 f"prefix_len {prefix_len} exceeds the {len(prefix_indices)} prefix indices",
                 rule="SGKV-7",
             )
         self.tree.node(node)
-        new = self.tree.pool.allocate(max(len(tokens) - prefix_len, 0))
-        if new is None:
-            return None
         kv = tuple(prefix_indices[:prefix_len]) + new
         self.tree.inc_lock_ref(node)
         self.publish_stored(tokens, kv, prefix_len)

@@ -359,6 +359,46 @@ def test_mtp_rates_are_validated_before_normalization():
     rejects({"aic_nextn_accept_rates": "0.5"}, "aic_nextn_accept_rates", "ARGS-10")
 
 
+def test_mtp_rates_are_all_parsed_with_rusts_syntax_before_any_range_check():
+    """ARGS-10: speculative.rs:17-34 parses every entry (trimmed by Rust's str::trim) with f64's
+    own grammar, then range-checks them all, entries past aic_nextn included. Each outcome was
+    checked on the compiled build: a parse refusal names the unparsable entry, a range refusal the
+    entry's index; the two accepted ones then meet the model's MTP refusal (ARGS-14)."""
+    parse, rng = "invalid value", "must be finite and in [0, 1]"
+    for rates, why in (("2.0,abc", parse), ("0.5,0.5,7", "entry 2 " + rng), ("\u0660.\u0665", parse),
+                       ("0.5\x1f", parse), ("1_0", parse), (".", parse), ("1E-5,,", parse),
+                       ("5.", "entry 0 " + rng), ("+nan", "entry 0 " + rng)):
+        err = rejects({"aic_nextn": 1, "aic_nextn_accept_rates": rates}, "aic_nextn_accept_rates", "ARGS-10")
+        assert why in str(err), (rates, str(err))
+    for rates in (" 0.5 ,\u3000.5", "1e-5"):  # U+3000 is Unicode white space; 1e-5 is in range
+        rejects({"aic_nextn": 1, "aic_nextn_accept_rates": rates}, "aic_nextn", "ARGS-14")
+
+
+def test_mtp_rates_are_parsed_before_the_models_non_finite_refusal():
+    """ARGS-19 step 6, ARGS-5: the build parses the rates in its normalisation; the non-finite
+    refusal is the model's own, so it comes after (checked on the build: "abc" is refused)."""
+    rejects({"speedup_ratio": float("nan"), "aic_nextn": 1, "aic_nextn_accept_rates": "abc"},
+            "aic_nextn_accept_rates", "ARGS-10", dialect="kwargs")
+    rejects({"sglang": {"schedule_conservativeness": float("inf")}, "aic_nextn": 1,
+             "aic_nextn_accept_rates": "abc"}, "aic_nextn_accept_rates", "ARGS-10", dialect="kwargs")
+    rejects({"speedup_ratio": float("nan"), "aic_nextn": 1, "aic_nextn_accept_rates": "0.5"},
+            "speedup_ratio", "ARGS-5", dialect="kwargs")
+
+
+def test_path_parameters_take_a_path_like_in_the_constructor_dialect():
+    """ARGS-13: planner_profile_data (and the build's response_replay_trace_path) are PathBuf
+    parameters, which PyO3 converts through os.fspath; the build then refuses the bad worker_type
+    (checked). JSON has only strings, and bytes are refused in both dialects."""
+    import pathlib
+
+    for key in ("planner_profile_data", "response_replay_trace_path"):
+        rejects({key: pathlib.Path("missing.npz"), "worker_type": "bad"}, "worker_type", "ARGS-3", dialect="kwargs")
+        rejects({key: b"missing.npz"}, key, "ARGS-13", dialect="kwargs")
+    rejects({"planner_profile_data": pathlib.Path("missing.npz")}, "planner_profile_data", "ARGS-14",
+            dialect="kwargs")
+    rejects({"aic_model_path": pathlib.Path("m")}, "aic_model_path", "ARGS-13", dialect="kwargs")
+
+
 def test_normalized_g3_requires_g2():
     """protocols.rs test_normalized_g3_requires_g2; ARGS-15."""
     err = rejects({"num_g3_blocks": 10, "kv_bytes_per_token": 1024}, "num_g3_blocks", "ARGS-15")
@@ -452,6 +492,9 @@ def test_args16_17_derived_values():
     assert EngineArgs().aic_gpus_per_worker() == 1
     assert EngineArgs(aic_tp_size=2, aic_attention_dp_size=3).aic_gpus_per_worker() == 6
     assert EngineArgs(aic_attention_dp_size=0).aic_gpus_per_worker() == 0
+    # a usize product, wrapping modulo 2^64 (the build reports decode_gpus_per_worker 0, resp. 2^63)
+    assert EngineArgs(aic_tp_size=2**32, aic_attention_dp_size=2**32).aic_gpus_per_worker() == 0
+    assert EngineArgs(aic_tp_size=2**63, aic_attention_dp_size=3).aic_gpus_per_worker() == 2**63
     assert EngineArgs(startup_time=0.0).startup_time_ms() is None
     assert EngineArgs(startup_time=5.0).startup_time_ms() == 5000.0
 

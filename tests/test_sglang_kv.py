@@ -587,6 +587,22 @@ def test_allocate_after_prefix_reuses_prefix_and_locks_again():
         allocate_after_prefix(mgr, [1, 2, 3, 4, 5], 6, a.kv_indices, n.value)
 
 
+def test_allocate_after_prefix_allocates_before_the_prefix_guard():
+    """SGKV-7: upstream allocates first (sglang_backend.rs:150) and slices the prefix after
+    (:152), so a pool too short for the new tokens answers None even when prefix_len is longer
+    than the prefix indices, and an unknown node is never looked at."""
+    mgr = new_kv_manager(2, 1)
+    mgr, full = allocate_for_request(mgr, [1, 2])
+    assert full.value is not None  # both slots taken
+    mgr, res = allocate_after_prefix(mgr, [1, 2, 3, 4], 3, [0, 1], 999)
+    assert res.value is None
+    # with the one new slot free, the too-long prefix is refused
+    mgr2 = new_kv_manager(2, 1)
+    with pytest.raises(InternalInvariantBroken) as err:
+        allocate_after_prefix(mgr2, [1, 2, 3, 4], 3, [0, 1], rc.ROOT)
+    assert err.value.rule == "SGKV-7"
+
+
 # ---------------------------------------------------------------------------
 # Block 3: state machine
 # ---------------------------------------------------------------------------
@@ -855,7 +871,8 @@ class SglangKvMachine(RuleBasedStateMachine):
         calls = [
             lambda: free_request(mgr, stale),
             lambda: cache_unfinished_req(mgr, tokens + [1] * 4, [0], rc.ROOT, 0),
-            lambda: allocate_after_prefix(mgr, tokens, 3, [0, 1], rc.ROOT),
+            # nothing left to allocate, so the prefix slice is reached (SGKV-7)
+            lambda: allocate_after_prefix(mgr, tokens[:3], 3, [0, 1], rc.ROOT),
             lambda: local_block_hashes([2**32], 1),
             lambda: evict(mgr, -1),
         ]
