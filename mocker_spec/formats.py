@@ -15,7 +15,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from model.errors import InvalidInput
 from model.report import PerRequestRecord, REPORT_FIELDS, TerminalStatus
@@ -53,31 +53,35 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 
-def read_trace_lines(path: str | os.PathLike[str]) -> list[str]:
-    """WL-3: the lines of a trace file, split like Rust ``BufRead::lines``.
+def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[str]:
+    """WL-3: the lines of a trace file, read one at a time like Rust ``BufRead::lines``.
 
-    Lines end at ``\\n``; one trailing ``\\r`` is dropped; a final newline does
-    not start another line.  Invalid UTF-8 is an error naming the line.
+    Lines end at ``\\n``, which is dropped with a ``\\r`` just before it; a final newline does
+    not start another line.  Invalid UTF-8 is an error naming the line, raised when that line is
+    reached, so an earlier bad row is reported first.  The file is opened at the first line
+    asked for (after the caller's own checks, WL-5).
     """
     p = Path(path)
     try:
-        data = p.read_bytes()
+        f = p.open("rb")
     except OSError as exc:
         raise InvalidInput("trace_file", str(p), f"failed to open trace file: {exc.strerror or exc}", rule="WL-3") from None
-    chunks = data.split(b"\n")
-    if chunks and chunks[-1] == b"":
-        chunks.pop()
-    lines = []
-    for i, raw in enumerate(chunks, start=1):
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            err = InvalidInput(f"trace line {i}: bytes", raw[:40], f"failed to read line {i}: invalid UTF-8", rule="WL-3")
-            err.line = i  # type: ignore[attr-defined]
-            raise err from None
-    return lines
+    with f:
+        for i, raw in enumerate(f, start=1):
+            if raw.endswith(b"\n"):
+                raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                err = InvalidInput(f"trace line {i}: bytes", raw[:40], f"failed to read line {i}: invalid UTF-8", rule="WL-3")
+                err.line = i  # type: ignore[attr-defined]
+                raise err from None
+            yield text
+
+
+def read_trace_lines(path: str | os.PathLike[str]) -> list[str]:
+    """WL-3: every line of a trace file (:func:`iter_trace_lines`)."""
+    return list(iter_trace_lines(path))
 
 
 def _rows(lines: Iterable[str]):
@@ -87,7 +91,7 @@ def _rows(lines: Iterable[str]):
 
 def read_trace(path: str | os.PathLike[str], trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> Trace:
     """WL-3..WL-8: parse a mooncake JSONL file into sessions (no timing changes)."""
-    return trace_from_mooncake_rows(_rows(read_trace_lines(path)), trace_block_size)
+    return trace_from_mooncake_rows(_rows(iter_trace_lines(path)), trace_block_size)
 
 
 class InputFileError(ValueError):
@@ -121,7 +125,7 @@ def load_trace_file(
     validate_sessions: bool = True,
 ) -> FlatWorkload | SessionWorkload:
     """WL-14: the full offline trace-file pipeline (see ``model.workload.load_trace_workload``)."""
-    return load_trace_workload(_rows(read_trace_lines(path)), trace_block_size, arrival_speedup_ratio, trace_format,
+    return load_trace_workload(_rows(iter_trace_lines(path)), trace_block_size, arrival_speedup_ratio, trace_format,
                                validate_sessions=validate_sessions)
 
 
@@ -130,7 +134,7 @@ def load_concurrency_trace_file(
     accumulate_deltas: bool = False,
 ) -> FlatWorkload | SessionWorkload:
     """WL-20: a trace file replayed with ``replay_concurrency`` (``model.workload.load_concurrency_trace_workload``)."""
-    return load_concurrency_trace_workload(_rows(read_trace_lines(path)), trace_block_size, validate=validate,
+    return load_concurrency_trace_workload(_rows(iter_trace_lines(path)), trace_block_size, validate=validate,
                                            accumulate_deltas=accumulate_deltas)
 
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 import enum
 import math
 import os
-import re
 from typing import Any, Mapping, Optional, Sequence
 
 import attrs
 
 from model.errors import InvalidInput
+from model.rustlib import RUST_WHITESPACE, rust_parse_f64
 
 # ---------------------------------------------------------------------------
 # Enumerations (ARGS-3)
@@ -724,13 +724,13 @@ def _normalize_accept_rates(nextn: int, rates: Optional[str]) -> None:
     """ARGS-10: upstream's MTP rate validation (the model then rejects MTP, ARGS-14)."""
     if not 1 <= nextn <= 5:
         raise InvalidInput("aic_nextn", nextn, "must be in 1..=5", rule="ARGS-10")
-    stripped = rates.strip(_RUST_WHITESPACE) if rates is not None else ""
+    stripped = rates.strip(RUST_WHITESPACE) if rates is not None else ""
     if not stripped:
         return
     parsed = []
     for part in stripped.split(","):  # every entry parsed before any is range-checked
         try:
-            parsed.append(_rust_parse_f64(part.strip(_RUST_WHITESPACE)))
+            parsed.append(rust_parse_f64(part.strip(RUST_WHITESPACE)))
         except ValueError:
             raise InvalidInput("aic_nextn_accept_rates", rates, f"invalid value {part!r}", rule="ARGS-10") from None
     for index, rate in enumerate(parsed):  # entries past aic_nextn included (upstream drops them after)
@@ -740,19 +740,6 @@ def _normalize_accept_rates(nextn: int, rates: Optional[str]) -> None:
             )
 
 
-#: Rust's ``str::trim``: the Unicode White_Space characters (Python's ``str.strip`` also takes
-#: U+001C..U+001F)
-_RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
-                    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000")
-#: Rust's ``f64::from_str`` grammar: a sign, then inf / infinity / nan (any case) or ASCII digits
-#: with an optional point and exponent; no blanks, underscores, hex or other digits
-_RUST_F64 = re.compile(r"[+-]?(?:inf|infinity|nan|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)", re.IGNORECASE)
-
-
-def _rust_parse_f64(text: str) -> float:
-    if _RUST_F64.fullmatch(text) is None:
-        raise ValueError(text)
-    return float(text)
 
 
 #: ARGS-11: the constructor's parameters in its signature's order (bindings replay.rs:174), the

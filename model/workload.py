@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 
 from model.errors import InvalidInput, check_reservation, rust_display
+from model.rustlib import RUST_WHITESPACE, has_lone_surrogate, serde_json_number
 from model.report import total_order_key, uuid_from_int
 
 __all__ = [
@@ -89,11 +90,14 @@ def _bad(line: int | None, field: str, value: object, reason: str, rule: str) ->
 # WL-1..WL-4: one mooncake row
 # ---------------------------------------------------------------------------
 
-#: WL-1: the row fields in declaration order (a JSON array row is read positionally)
+#: WL-1: the row fields in declaration order (a JSON array row is read positionally): the
+#: compiled build's row, which adds ``request_id`` and ``output_token_ids`` to the pinned nine
 MOONCAKE_FIELDS: tuple[str, ...] = (
+    "request_id",
     "session_id",
     "input_length",
     "output_length",
+    "output_token_ids",
     "hash_ids",
     "timestamp",
     "delay",
@@ -119,6 +123,8 @@ class MooncakeRow:
     input_length: int | None = None
     output_length: int | None = None
     hash_ids: tuple[int, ...] | None = None
+    request_id: str | None = None  # the compiled build's row only (WL-1)
+    output_token_ids: tuple[int, ...] | None = None  # the compiled build's row only (WL-1, WL-5)
     timestamp: float | None = None
     delay: float | None = None
     priority: int | None = None
@@ -147,9 +153,11 @@ def _as_f64(line: int | None, field: str, v: Any) -> float:
 def _convert(line: int | None, field: str, v: Any) -> Any:
     if v is None:
         return None
-    if field in ("session_id", "policy_class"):
+    if field in ("session_id", "policy_class", "request_id"):
         if not isinstance(v, str):
             raise _bad(line, field, v, "invalid type: expected a string", "WL-2")
+        if has_lone_surrogate(v):
+            raise _bad(line, field, v, "lone surrogate in hex escape", "WL-2")
         return v
     if field in ("input_length", "output_length"):
         return _as_uint(line, field, v, _U64_MAX)
@@ -157,6 +165,10 @@ def _convert(line: int | None, field: str, v: Any) -> Any:
         if not isinstance(v, (list, tuple)):
             raise _bad(line, field, v, "invalid type: expected an array of u64", "WL-2")
         return tuple(_as_uint(line, field, h, _U64_MAX) for h in v)
+    if field == "output_token_ids":
+        if not isinstance(v, (list, tuple)):
+            raise _bad(line, field, v, "invalid type: expected an array of u32", "WL-2")
+        return tuple(_as_uint(line, field, t, _U32_MAX) for t in v)
     if field in ("timestamp", "delay"):
         return _as_f64(line, field, v)
     if field == "priority":
@@ -168,67 +180,66 @@ def _convert(line: int | None, field: str, v: Any) -> Any:
     raise AssertionError(field)  # pragma: no cover
 
 
+class JsonObject:
+    """A JSON object as decoded for serde: its ``(key, value)`` pairs in text order, repeats kept
+    (serde sees every key; only a repeated *field* is an error, WL-2)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        self.pairs = pairs
+
+
 def parse_mooncake_row(raw: Any, line: int | None = None) -> MooncakeRow:
     """WL-1/WL-2: decode one row with upstream's (serde) acceptance rules.
 
-    ``raw`` is a JSON object (dict) or, as serde also accepts for a struct, a
-    JSON array read positionally in :data:`MOONCAKE_FIELDS` order (missing
-    trailing elements are absent fields).  Unknown keys are ignored; a key given
-    both under its name and its alias is a duplicate-field error; ``null`` means
-    absent.  ``line`` (1-based) is only used in error messages.
+    ``raw`` is a JSON object (a :class:`JsonObject` from :func:`parse_mooncake_line`, or a dict)
+    or, as serde also accepts for a struct, a JSON array read positionally in
+    :data:`MOONCAKE_FIELDS` order (missing trailing elements are absent fields).  Entries are
+    read in order, each checked as it comes: unknown keys are skipped unread; a field given twice
+    (under its name or its alias) is a duplicate-field error; a key holding an escaped lone
+    surrogate is an error; ``null`` means absent.  ``line`` (1-based) is only used in error messages.
     """
     values: dict[str, Any] = {}
-    if isinstance(raw, Mapping):
-        for key, v in raw.items():
+    if isinstance(raw, (JsonObject, Mapping)):
+        for key, v in (raw.pairs if isinstance(raw, JsonObject) else raw.items()):
+            if has_lone_surrogate(key):
+                raise _bad(line, "row", key, "lone surrogate in hex escape", "WL-2")
             canonical = MOONCAKE_ALIASES.get(key, key)
             if canonical not in MOONCAKE_FIELDS:
                 continue
             if canonical in values:
                 raise _bad(line, canonical, v, f"duplicate field `{canonical}`", "WL-2")
-            values[canonical] = v
+            values[canonical] = _convert(line, canonical, v)
     elif isinstance(raw, (list, tuple)):
+        for field, v in zip(MOONCAKE_FIELDS, raw):
+            values[field] = _convert(line, field, v)
         if len(raw) > len(MOONCAKE_FIELDS):
             raise _bad(line, "row", raw, f"invalid length {len(raw)}, expected at most {len(MOONCAKE_FIELDS)} elements", "WL-2")
-        values = dict(zip(MOONCAKE_FIELDS, raw))
     else:
         raise _bad(line, "row", raw, "invalid type: expected a JSON object", "WL-2")
-    return MooncakeRow(**{k: _convert(line, k, v) for k, v in values.items()})
+    return MooncakeRow(**{k: v for k, v in values.items() if v is not None})
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON literal {name}")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key `{k}`")
-        out[k] = v
-    return out
-
-
-def _strict_float(text: str) -> float:
-    x = float(text)
-    if not math.isfinite(x):
-        raise ValueError("number out of range")
-    return x
-
-
 def parse_mooncake_line(text: str, line: int) -> MooncakeRow | None:
     """WL-3: parse one text line; ``None`` for a blank (whitespace-only) line.
 
-    JSON is read strictly like serde_json: no NaN/Infinity literals, no
-    out-of-range numbers, no repeated keys.
+    JSON is read like serde_json: no NaN/Infinity literals, no out-of-range
+    numbers, numbers valued as serde_json values them (WL-2).
     """
-    if not text.strip():
+    if not text.strip(RUST_WHITESPACE):  # Rust's str::trim (WL-3)
         return None
     try:
         raw = json.loads(
             text,
-            object_pairs_hook=_no_duplicates,
+            object_pairs_hook=JsonObject,
             parse_constant=_reject_constant,
-            parse_float=_strict_float,
+            parse_float=serde_json_number,
+            parse_int=serde_json_number,
         )
     except ValueError as exc:  # JSONDecodeError is a ValueError
         shown = text if len(text) <= 80 else text[:77] + "..."
@@ -284,6 +295,7 @@ def trace_from_mooncake_rows(
     sessions: list[dict[str, Any]] = []
     index: dict[str, int] = {}
     last_ts: list[float | None] = []
+    replayed_outputs = 0  # the first line that gives output_token_ids
 
     for line, raw in rows:
         if raw is None:
@@ -300,6 +312,12 @@ def trace_from_mooncake_rows(
         input_length = min(row.input_length if row.input_length is not None else capacity, capacity)
         if row.output_length is None:
             raise _bad(line, "output_length", None, f"trace line {line} is missing output_length", "WL-5")
+        if row.output_token_ids is not None:  # the compiled build's output token replay (WL-1)
+            if len(row.output_token_ids) != row.output_length:
+                raise _bad(line, "output_token_ids", len(row.output_token_ids),
+                           f"trace line {line} output_length {row.output_length} does not match output_token_ids "
+                           f"length {len(row.output_token_ids)}", "WL-5")
+            replayed_outputs = replayed_outputs or line
 
         if session_id not in index:
             index[session_id] = len(sessions)
@@ -344,6 +362,10 @@ def trace_from_mooncake_rows(
 
     if not sessions:
         raise InvalidInput("trace", None, "trace file did not contain any requests", rule="WL-5")
+    if replayed_outputs:
+        raise _bad(replayed_outputs, "output_token_ids", "...",
+                   "output token replay (a build feature newer than the pinned source) is not supported by the model",
+                   "WL-1")
     return Trace(
         block_size=trace_block_size,
         sessions=tuple(SessionTrace(s["id"], s["first"], tuple(s["turns"])) for s in sessions),
@@ -379,6 +401,8 @@ def synthesize_tokens(turn: TurnTrace, trace_block_size: int) -> tuple[int, ...]
             "input_length", turn.input_length,
             f"input_length {turn.input_length} exceeds synthesized capacity {capacity}", rule="WL-10",
         )
+    # upstream first reserves input_length u32 tokens (trace.rs:57)
+    check_reservation("input_length", turn.input_length, turn.input_length, 4, "WL-10")
     out: list[int] = []
     for h in turn.hash_ids:
         # upstream extends a whole block before cutting: a Vec<u32> that would pass isize::MAX
@@ -427,10 +451,13 @@ def normalize_session_starts(trace: Trace) -> Trace:
     )
 
 
-def _check_ratio(ratio: float, name: str, rule: str) -> None:
+def _check_ratio(ratio: float, name: str, rule: str, named: bool = False) -> None:
+    """``named``: the text starts with the argument's name (WL-15's, replay/mod.rs:102-106);
+    WL-12's starts with ``ratio`` (trace.rs:583)."""
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio <= 0.0:
         shown = rust_display(ratio) if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) else ratio
-        raise InvalidInput(name, ratio, f"ratio must be a finite positive number, got {shown}", rule=rule)
+        raise InvalidInput(name, ratio, f"{name if named else 'ratio'} must be a finite positive number, got {shown}",
+                           rule=rule)
 
 
 def speed_up_timing(trace: Trace, ratio: float) -> Trace:
@@ -551,7 +578,7 @@ def to_single_turn_requests(trace: Trace) -> tuple[ReplayRequest, ...]:
 
 def normalize_trace_requests(requests: Sequence[ReplayRequest], arrival_speedup_ratio: float) -> tuple[ReplayRequest, ...]:
     """WL-15: stable sort by arrival (IEEE total order), subtract the first, divide by the ratio."""
-    _check_ratio(arrival_speedup_ratio, "arrival_speedup_ratio", "WL-15")
+    _check_ratio(arrival_speedup_ratio, "arrival_speedup_ratio", "WL-15", named=True)
     for r in requests:
         if r.arrival_timestamp_ms is None:
             raise InvalidInput("arrival_timestamp_ms", None,
@@ -762,11 +789,18 @@ def synthetic_workload(
     if isinstance(shared_prefix_ratio, bool) or not isinstance(shared_prefix_ratio, (int, float)) \
             or not 0.0 <= shared_prefix_ratio <= 1.0:
         raise InvalidInput("shared_prefix_ratio", shared_prefix_ratio,
-                           f"shared_prefix_ratio must be between 0.0 and 1.0, got {shared_prefix_ratio}", rule="WL-17")
+                           "shared_prefix_ratio must be between 0.0 and 1.0, got "
+                           f"{rust_display(float(shared_prefix_ratio))}", rule="WL-17")
     if isinstance(num_prefix_groups, bool) or not isinstance(num_prefix_groups, int) or num_prefix_groups < 0:
         raise InvalidInput("num_prefix_groups", num_prefix_groups, "must be a non-negative integer", rule="WL-17")
 
+    # Trace::synthetic reserves the session list (64-byte SessionTrace entries), then the
+    # binding's qps of 1000 / interval must be finite (loadgen/trace.rs:484-486, 1196-1202)
+    check_reservation("request_count", request_count, request_count, 64, "WL-17")
     interval = float(arrival_interval_ms)
+    if interval != 0.0 and math.isinf(1000.0 / interval):
+        raise InvalidInput("arrival_interval_ms", arrival_interval_ms,
+                           "qps must be a finite positive number, got inf", rule="WL-17")
     gap = 0.0 if interval == 0.0 else 1000.0 / (1000.0 / interval)
     grouped = num_prefix_groups > 0 and shared_prefix_ratio > 0.0
     group = 0  # see the abstraction note above

@@ -182,11 +182,15 @@ def test_unknown_keys_and_nulls_are_ignored() -> None:
 
 
 def test_positional_array_row() -> None:
-    """WL-2: serde also reads a struct from a JSON array, in field order."""
-    row = parse_mooncake_row([None, 8, 4, [1, 2], 3.5], 1)
+    """WL-2: serde also reads a struct from a JSON array, in the field order of the compiled
+    build's eleven-field row (checked on the build: [null, 8, 2, [1], 0] is refused, as its fourth
+    element lands on output_length; [null, null, 8, 2, null, [1], 0] is read)."""
+    row = parse_mooncake_row([None, None, 8, 4, None, [1, 2], 3.5], 1)
     assert row == MooncakeRow(input_length=8, output_length=4, hash_ids=(1, 2), timestamp=3.5)
     with pytest.raises(InvalidInput):
-        parse_mooncake_row([None] * 10, 1)
+        parse_mooncake_row([None, 8, 2, [1], 0], 1)
+    with pytest.raises(InvalidInput):
+        parse_mooncake_row([None] * 12, 1)
 
 
 @pytest.mark.parametrize(
@@ -211,7 +215,7 @@ def test_positional_array_row() -> None:
         ("[1, 2", "json"),
         ('{"output_length": 1, "hash_ids": [1], "timestamp": NaN}', "json"),
         ('{"output_length": 1, "hash_ids": [1], "timestamp": 1e400}', "json"),
-        ('{"output_length": 1, "output_length": 2, "hash_ids": [1]}', "json"),
+        ('{"output_length": 1, "output_length": 2, "hash_ids": [1]}', "output_length"),
         ("17", "row"),
     ],
 )
@@ -600,3 +604,114 @@ def test_reservations_past_isize_max_bytes_are_capacity_overflows() -> None:
         with pytest.raises(InvalidInput) as info:
             synthetic_requests(**args)
         assert (info.value.field, info.value.reason) == (field, "capacity overflow")
+
+
+# ---------------------------------------------------------------------------
+# serde_json's reading of a row, and the compiled build's row (WL-1..WL-3). Each case was also
+# run on the compiled build (goldens trace-* of tests/goldens/refcases, or the probe noted).
+# ---------------------------------------------------------------------------
+
+_ROW = '"input_length": 16, "output_length": 2, "hash_ids": [1], "timestamp": 0'
+
+
+def _line_error(text: str) -> InvalidInput:
+    with pytest.raises(InvalidInput) as info:
+        parse_mooncake_line(text, 3)
+    assert info.value.line == 3 and info.value.field.startswith("trace line 3: ")
+    return info.value
+
+
+def test_only_a_repeated_field_is_a_duplicate():
+    """WL-2: serde skips unknown keys unread, so repeating one (or a key inside its value) is no
+    error (golden trace-duplicate-unknown-key); a field twice, or under its name and its alias, is."""
+    row = parse_mooncake_line('{"zz": 1, "zz": {"k": 1, "k": 2}, ' + _ROW + "}", 1)
+    assert row.input_length == 16
+    assert _line_error('{"input_length": 1, ' + _ROW + "}").field.endswith("input_length")
+    assert _line_error('{"input_tokens": 1, ' + _ROW + "}").field.endswith("input_length")
+
+
+def test_minus_zero_is_a_float():
+    """WL-2: serde_json reads -0 as the float -0.0: an error for an integer field (golden
+    trace-minus-zero-input-length), -0.0 for a timestamp."""
+    assert "invalid type" in _line_error('{"input_length": -0, "output_length": 2, "hash_ids": [1]}').reason
+    row = parse_mooncake_line('{"input_length": 16, "output_length": 2, "hash_ids": [1], "timestamp": -0}', 1)
+    assert row.timestamp == 0.0 and math.copysign(1.0, row.timestamp) == -1.0
+
+
+def test_numbers_are_valued_as_serde_json_values_them():
+    """WL-2: a long fraction is not correctly rounded (the build reads ...784, see test_rustlib);
+    a 310-digit integer for an f64 field is out of range (checked on the build)."""
+    row = parse_mooncake_line('{"input_length": 16, "output_length": 2, "hash_ids": [1], "timestamp": 64938.497189547844}', 1)
+    assert row.timestamp == 64938.49718954784
+    assert "out of range" in _line_error('{"output_length": 2, "hash_ids": [1], "timestamp": 1' + "0" * 309 + "}").reason
+
+
+def test_lone_surrogates_in_read_strings_and_keys():
+    """WL-2: serde refuses an escaped lone surrogate in a string it deserializes (a string field, a
+    row key; golden trace-lone-surrogate-session-id) and skips one in an unknown key's value."""
+    for text in ('{"session_id": "\\ud800", ' + _ROW + "}", '{"policy_class": "\\udc00", ' + _ROW + "}",
+                 '{"request_id": "a\\udc00", ' + _ROW + "}", '{"\\ud800": 1, ' + _ROW + "}"):
+        _line_error(text)
+    assert parse_mooncake_line('{"zz": {"\\ud800": "\\ud800"}, ' + _ROW + "}", 1).input_length == 16
+
+
+def test_blank_lines_are_rusts_white_space():
+    """WL-3: a line of U+3000 is blank; one of U+001C is a JSON error (golden trace-control-char-line)."""
+    assert parse_mooncake_line("\u3000 \x85", 1) is None
+    _line_error("\x1c")
+
+
+def test_the_builds_two_extra_fields():
+    """WL-1, WL-5: the compiled build's row also reads request_id (a string) and output_token_ids
+    (u32s, as many as output_length; golden trace-output-token-ids-length). Output token replay
+    is a build feature the model refuses after the load."""
+    assert "expected a string" in _line_error('{"request_id": 5, ' + _ROW + "}").reason
+    _line_error('{"output_token_ids": [-1, 2], ' + _ROW + "}")
+    _line_error('{"output_token_ids": "x", ' + _ROW + "}")
+    with pytest.raises(InvalidInput, match="does not match output_token_ids length 3") as info:
+        trace_from_mooncake_lines(['{' + _ROW + "}", '{"output_token_ids": [1, 2, 3], ' + _ROW + "}"], 16)
+    assert info.value.line == 2
+    # after the load: a later row's load error still comes first, as on the build
+    with pytest.raises(InvalidInput, match="sets delay on the first turn"):
+        trace_from_mooncake_lines(['{"output_token_ids": [7, 8], ' + _ROW + "}", '{"delay": 1, ' + _ROW + "}"], 16)
+    with pytest.raises(InvalidInput, match="output token replay") as info:
+        trace_from_mooncake_lines(['{"output_token_ids": [7, 8], ' + _ROW + "}", '{' + _ROW + "}"], 16)
+    assert info.value.line == 1
+    assert trace_from_mooncake_lines(['{"request_id": "r", ' + _ROW + "}"], 16).sessions[0].turns[0].input_length == 16
+
+
+def test_lines_are_read_one_at_a_time(tmp_path: Path):
+    """WL-3, WL-5: a bad row comes before invalid UTF-8 on a later line (golden
+    trace-bad-row-before-bad-utf8), and a zero trace block size before the file is even opened."""
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b'{"output_length": 2, "hash_ids": [1]}\n{bad\n\xff\xfe\n')
+    with pytest.raises(InvalidInput) as info:
+        load_trace_file(p, 16)
+    assert info.value.line == 2 and "JSON" in info.value.reason
+    with pytest.raises(InvalidInput, match="trace_block_size must be greater than 0"):
+        load_trace_file(tmp_path / "missing.jsonl", 0)
+    q = tmp_path / "crlf.jsonl"
+    q.write_bytes(b'a\r\nb\r')  # only a \r before \n is dropped, as Rust's lines() does
+    assert read_trace_lines(q) == ["a", "b\r"]
+
+
+def test_synthetic_texts_and_reservations():
+    """WL-15, WL-17, WL-10: the flat path's ratio text names the argument (replay/mod.rs:102-106);
+    the workload path's ratio is shown in Rust's Display, its qps of 1000 / interval must be finite,
+    and its session list is reserved (64-byte entries: 2^57 sessions is a capacity overflow on the
+    build); a trace prompt reserves input_length u32 tokens first (2^61 is a capacity overflow on
+    the build with tbs 2^60 and two hash ids)."""
+    with pytest.raises(InvalidInput, match="^arrival_speedup_ratio=0: arrival_speedup_ratio must be a finite"):
+        synthetic_replay_workload(16, 8, 2, 2, arrival_speedup_ratio=0)
+    with pytest.raises(InvalidInput, match="got 2$"):
+        synthetic_workload(16, 8, 2, 2, turns_per_session=2, shared_prefix_ratio=2.0)
+    with pytest.raises(InvalidInput, match="got NaN$"):
+        synthetic_workload(16, 8, 2, 2, turns_per_session=2, shared_prefix_ratio=float("nan"))
+    with pytest.raises(InvalidInput, match="qps must be a finite positive number, got inf"):
+        synthetic_workload(16, 8, 2, 2, arrival_interval_ms=1e-310, turns_per_session=2)
+    with pytest.raises(InvalidInput, match="capacity overflow"):
+        synthetic_workload(16, 8, 2, 2**57, turns_per_session=2)
+    turn = TurnTrace(input_length=2**61, max_output_tokens=1, hash_ids=(1, 2))
+    with pytest.raises(InvalidInput, match="capacity overflow") as info:
+        synthesize_tokens(turn, 2**60)
+    assert info.value.field == "input_length"
