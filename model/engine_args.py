@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 import attrs
 
 from model.errors import InvalidInput
-from model.rustlib import RUST_WHITESPACE, rust_parse_f64
+from model.rustlib import RUST_WHITESPACE, rust_parse_f64, serde_json_number
 
 # ---------------------------------------------------------------------------
 # Enumerations (ARGS-3)
@@ -632,13 +632,18 @@ def _parse_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
             value = float(value)
         if isinstance(value, int):
             try:
-                value = float(value)
-            except OverflowError:
+                # JSON: serde_json reads the integer's text (an f64 past u64 is not correctly rounded)
+                value = float(serde_json_number(str(value)) if dialect == "json" else value)
+            except (OverflowError, ValueError):
                 raise InvalidInput(field, value, "number out of range for f64", rule="ARGS-13") from None
         if not isinstance(value, float):
             raise InvalidInput(field, value, "invalid type, expected f64", rule="ARGS-13")
         if not math.isfinite(value) and dialect == "json":  # serde refuses the token where it stands
             raise InvalidInput(field, value, "must be a finite number", rule="ARGS-5")
+        if dialect == "json":
+            # the JSON text is Python's (dynamo.replay's CLI loads the file and dumps it again for
+            # from_json), which serde_json values its own way: a 17-digit repr can move 1 ulp
+            value = float(serde_json_number(repr(value)))
         return value  # the constructor takes it; the model refuses it last (ARGS-5)
     if kind == _BOOL:
         if not isinstance(value, bool):

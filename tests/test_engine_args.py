@@ -766,3 +766,13 @@ def test_pool_size_is_a_wrapping_usize_product():
     assert wrapped.sglang_config().total_kv_tokens == 64
     assert engine_args_from_json({"num_gpu_blocks": 2**62, "block_size": 4, "engine_type": "sglang"}).total_kv_tokens == 0
     assert engine_args_from_json({"num_gpu_blocks": 100, "block_size": 16}).total_kv_tokens == 1600
+
+
+def test_json_dialect_floats_are_valued_as_serde_json_reads_them():
+    """ARGS-13: the CLI's JSON reaches from_json as Python's repr, which serde_json's default parse
+    reads as significand 28874685634979014 (not exact in binary64: 28874685634979016) / 1e16,
+    one ulp above Python's value; the constructor takes the Python float as it is."""
+    assert engine_args_from_json({"speedup_ratio": 2.8874685634979014}).speedup_ratio == 2.887468563497902
+    assert engine_args_from_json({"speedup_ratio": 2.8874685634979014}, dialect="kwargs").speedup_ratio \
+        == 2.8874685634979014
+    assert engine_args_from_json({"speedup_ratio": 2.5}).speedup_ratio == 2.5

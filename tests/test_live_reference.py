@@ -15,6 +15,8 @@ tests skip and say why.
 from __future__ import annotations
 
 import json
+import random
+import subprocess
 import sys
 
 import attrs
@@ -233,3 +235,39 @@ def test_live_argument_check_order_matches_the_reference(reference_python, tmp_p
         refused[name] = ref.message.split(" ", 1)[0]
     assert refused["synthetic-sla-before-router"] == "sla_ttft_ms"
     assert refused["router-before-format"] == "router_mode"
+
+
+@pytest.mark.reference
+def test_live_numbers_are_valued_as_serde_json_values_them(reference_python, tmp_path):
+    """WL-2, ARGS-13: the build reads trace timestamps and ``from_json`` engine arguments with
+    serde_json's default number parse, which is not correctly rounded; about one in ten random
+    floats written by Python lands 1 ulp away. The model's ``serde_json_number`` gives the build's
+    value every time (the trace's first arrival is 0 and the ratio 1, so each report arrival is
+    the parsed timestamp exactly)."""
+    from model.rustlib import serde_json_number
+
+    rng = random.Random(11)
+    stamps = sorted(rng.uniform(0, 100000) for _ in range(150))
+    stamps[0] = 0.0
+    trace = tmp_path / "ts.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": t, "input_length": 16, "output_length": 1,
+                                         "hash_ids": [i + 1]}) + "\n" for i, t in enumerate(stamps)))
+    job = {"mode": "agg", "engine_args": {"block_size": 16, "num_gpu_blocks": 4096}, "trace_file": str(trace),
+           "trace_block_size": 16, "num_workers": 1}
+    ref = run_reference(job, timeout_s=TIMEOUT_S, python=reference_python)
+    got = sorted(r["arrival_time_ms"] for r in ref.records)
+    assert got == sorted(float(serde_json_number(repr(t))) for t in stamps)
+    assert got != stamps  # the sample holds values that Python rounds the other way
+    ours = run_model(job)
+    assert sorted(r["arrival_time_ms"] for r in ours.records) == got
+
+    floats = [rng.uniform(0, 1) for _ in range(400)]
+    script = ("import json, sys\nfrom dynamo._core import MockEngineArgs\n"
+              "xs = json.load(sys.stdin)\n"
+              "print(json.dumps([MockEngineArgs.from_json(json.dumps({'gpu_memory_utilization': x}))"
+              ".gpu_memory_utilization for x in xs]))\n")
+    out = subprocess.run([reference_python, "-c", script], input=json.dumps(floats), capture_output=True,
+                         text=True, timeout=TIMEOUT_S, check=True).stdout
+    build = json.loads(out.strip().splitlines()[-1])
+    assert build == [float(serde_json_number(repr(x))) for x in floats]
+    assert build != floats
