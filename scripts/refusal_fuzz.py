@@ -1,6 +1,6 @@
 """Seeded bad-input cases: generated replay cases with one to three inputs spoiled.
 
-Usage: python scripts/refusal_fuzz.py --out DIR [--seed N] [--count K] [--record] [--timeout S] [--odd]
+Usage: python scripts/refusal_fuzz.py --out DIR [--seed N] [--count K] [--record] [--timeout S] [--odd | --text]
 
 Case ``i`` of family ``N`` is ``mocker-spec gen-cases --seed N`` case ``i`` (a plain, session or
 concurrency variant, drawn per case), with 1-3 spoiled inputs drawn from a stream of its own:
@@ -17,6 +17,13 @@ concurrency variant, drawn per case), with 1-3 spoiled inputs drawn from a strea
 With ``--odd`` the values are of the right type but at the edges of what is accepted, or just past
 them (a block size of 3 or 2048, one GPU block, a zero speed-up or bandwidth, a huge timestamp, an
 empty hash list, an output length of 0, ...): cases that run, dead-end, hang or are refused late.
+
+With ``--text`` the trace's text itself is spoiled where serde_json and Python's ``json`` read JSON
+differently (spec/replay.md WL-1..WL-3): repeated keys, ``-0``, long fractions and exponents, escaped
+surrogates, odd blank lines, CRLF endings, invalid UTF-8, integers written as floats or past u64,
+rows as arrays, the compiled build's ``request_id`` / ``output_token_ids`` (never a replay of
+output tokens, which the model refuses as outside it, FID-6); and CLI jobs get engine-argument
+floats of 17 significant digits (ARGS-13).
 
 The cases are written in the refcases layout (``case.json`` also keeps the mutations applied, under
 ``"spoiled"``, which the runners ignore), with ``--record`` also the compiled reference's outcome, so
@@ -168,6 +175,113 @@ def _odd(seed: int, index: int) -> Tuple[Dict[str, Any], List[str], List[str]]:
     return case, [json.dumps(r) for r in rows], done
 
 
+#: --text: blank lines as Rust's str::trim sees them, or not (U+001C is not white space there)
+TEXT_BLANKS = ("", "\t \t", "\u3000", "\x85", "\x1c", "\u2028")
+#: --text: how a timestamp may be written (value kept or near it)
+TEXT_ROW_FIELDS = ("input_length", "output_length", "timestamp")
+
+
+def _text(seed: int, index: int) -> Tuple[Dict[str, Any], List[str], List[str]]:
+    """``--text``: one or two spoils of the trace's text (lines are ``str``; invalid UTF-8 is held as
+    surrogate escapes, written back as the raw bytes)."""
+    rng = random.Random(f"mocker-spec-refusal-fuzz-text:{seed}:{index}")
+    variant = rng.choice(({}, {"sessions": True}, {"concurrency": True}, {"extra_args": True}))
+    case, rows = generate_case(seed, index, **variant)
+    lines = [json.dumps(r) for r in rows]
+    done: List[str] = []
+    if rng.random() < 0.25:
+        case["from_cli"] = True
+        pools = [k for k in ("engine_args", "prefill_engine_args", "decode_engine_args") if k in case]
+        pool = rng.choice(pools)
+        key = "kv_transfer_bandwidth" if "kv_transfer_bandwidth" in case[pool] and rng.random() < 0.5 \
+            else "speedup_ratio"
+        value = case[pool].get(key, 1.0) * rng.uniform(0.5, 2.0)  # 17 significant digits, mostly
+        case[pool][key] = value
+        done.append(f"from_cli {pool}.{key}={value!r}")
+    for _ in range(rng.randint(1, 2)):
+        n = rng.randrange(len(lines))
+        text = lines[n]
+        obj = text.startswith("{") and text.endswith("}")
+        kind = rng.choice(("dup-unknown", "dup-field", "minus-zero", "long-fraction", "exponent", "surrogate",
+                           "pair", "blank", "crlf", "bad-utf8", "request-id", "token-ids", "array", "number"))
+        if kind in ("blank", "crlf", "bad-utf8", "array") or not obj:
+            if kind == "blank":
+                blank = rng.choice(TEXT_BLANKS)
+                lines.insert(n, blank)
+                done.append(f"blank line {n + 1} {blank!r}")
+            elif kind == "crlf":
+                lines[n] = text + "\r"
+                done.append(f"line {n + 1} ends with CRLF")
+            elif kind == "bad-utf8":
+                lines[n] = text[:-1] + ', "zz": "\udcff"}' if obj and rng.random() < 0.5 else "\udcff\udcfe"
+                done.append(f"line {n + 1} holds invalid UTF-8")
+            else:
+                row = json.loads(text) if obj else {}
+                fields = ("request_id", "session_id", "input_length", "output_length", "output_token_ids",
+                          "hash_ids", "timestamp", "delay", "priority", "strict_priority", "policy_class")
+                values = [row.get(f) for f in fields]
+                while values and values[-1] is None:
+                    values.pop()
+                lines[n] = json.dumps(values)
+                done.append(f"line {n + 1} as an array")
+            continue
+        row = json.loads(text)
+        body = text[1:-1]
+        if kind == "dup-unknown":
+            lines[n] = '{"zz": 1, "zz": {"k": 1, "k": "\\ud800"}, ' + body + "}"
+        elif kind == "dup-field":
+            field = rng.choice(("input_length", "input_tokens", "output_tokens", "timestamp", "created_time"))
+            lines[n] = "{" + body + f', "{field}": 3' + "}"
+        elif kind == "minus-zero":
+            field = rng.choice(TEXT_ROW_FIELDS)
+            row[field] = "@"
+            lines[n] = json.dumps(row).replace('"@"', rng.choice(("-0", "-0.0", "0e5")))
+        elif kind == "long-fraction":
+            row["timestamp"] = float(row.get("timestamp") or 0.0) + rng.random()
+            lines[n] = json.dumps(row)
+        elif kind == "exponent":
+            ts = float(row.get("timestamp") or 0.0)
+            row["timestamp"] = "@"
+            lines[n] = json.dumps(row).replace('"@"', rng.choice((f"{ts:e}", f"{ts * 1000:.3f}e-3", f"{ts:E}")))
+        elif kind in ("surrogate", "pair"):
+            escaped = "\\ud83d\\ude00" if kind == "pair" else rng.choice(("\\ud800", "\\udc00", "a\\ud800b"))
+            where = rng.choice(("session_id", "policy_class", "unknown value", "key"))
+            if where == "key":
+                lines[n] = '{"' + escaped + '": 1, ' + body + "}"
+            elif where == "unknown value":
+                lines[n] = '{"zz": "' + escaped + '", ' + body + "}"
+            else:
+                row[where] = "@"
+                lines[n] = json.dumps(row).replace('"@"', '"' + escaped + '"')
+        elif kind == "request-id":
+            row["request_id"] = rng.choice(("r1", 5, None, ""))
+            lines[n] = json.dumps(row)
+        elif kind == "token-ids":
+            out = int(row.get("output_length") or 0)
+            row["output_token_ids"] = rng.choice(([1] * (out + 1), [-1] * max(out, 1), "x", None, [2**32] * out))
+            if isinstance(row["output_token_ids"], list) and len(row["output_token_ids"]) == out and out and \
+                    row["output_token_ids"][0] != 2**32:
+                row["output_token_ids"] = None  # never a replay the model refuses as outside it
+            lines[n] = json.dumps(row)
+        else:  # a number written another way
+            field, written = rng.choice((("input_length", "16.0"), ("input_length", "1E1"),
+                                         ("output_length", "18446744073709551616"), ("timestamp", "1" + "0" * 309),
+                                         ("timestamp", "1e-400"), ("hash_ids", "[18446744073709551615]"),
+                                         ("hash_ids", "[18446744073709551616]"), ("delay", "-0")))
+            row[field] = "@"
+            lines[n] = json.dumps(row).replace('"@"', written)
+        done.append(f"line {n + 1} {kind}")
+    case["spoiled"] = done
+    return case, lines, done
+
+
+def _write_bytes(path: Path, text: str) -> None:
+    """``text`` as UTF-8, surrogate escapes back to the raw bytes they stand for."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(text.encode("utf-8", "surrogateescape"))
+    tmp.replace(path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory to write the case directories into")
@@ -176,18 +290,20 @@ def main(argv=None) -> int:
     ap.add_argument("--start", type=int, default=0)
     ap.add_argument("--record", action="store_true", help="also record the compiled reference's outcome")
     ap.add_argument("--timeout", type=float, default=20.0)
-    ap.add_argument("--odd", action="store_true", help="edge values of the right type instead (odd-* cases)")
+    kinds = ap.add_mutually_exclusive_group()
+    kinds.add_argument("--odd", action="store_true", help="edge values of the right type instead (odd-* cases)")
+    kinds.add_argument("--text", action="store_true", help="spoil the trace's JSON text instead (txt-* cases)")
     ns = ap.parse_args(argv)
     from mocker_spec.formats import atomic_write_text
     from mocker_spec.reference import record_case
 
     out = Path(ns.out)
     for index in range(ns.start, ns.start + ns.count):
-        case, lines, done = spoil(ns.seed, index, odd=ns.odd)
-        d = out / f"{'odd' if ns.odd else 'bad'}-{ns.seed}-{index:04d}"
+        case, lines, done = _text(ns.seed, index) if ns.text else spoil(ns.seed, index, odd=ns.odd)
+        d = out / f"{'txt' if ns.text else 'odd' if ns.odd else 'bad'}-{ns.seed}-{index:04d}"
         d.mkdir(parents=True, exist_ok=True)
         atomic_write_text(d / "case.json", json.dumps(case, indent=1, sort_keys=True))
-        atomic_write_text(d / "trace.jsonl", "".join(line + "\n" for line in lines))
+        _write_bytes(d / "trace.jsonl", "".join(line + "\n" for line in lines))
         status = record_case(d, timeout_s=ns.timeout) if ns.record else "-"
         print(f"{d.name}: {'; '.join(done)} -> {status[:100]}", flush=True)
     return 0

@@ -47,3 +47,27 @@ def test_odd_cases_draw_edge_values_of_the_right_type_from_their_own_stream():
         assert 1 <= len(done) <= 3 and "from_cli" not in case
         for line in lines:
             assert isinstance(json.loads(line), dict)  # every row stays a row
+
+
+def test_text_cases_spoil_the_json_text_from_their_own_stream(tmp_path):
+    """--text: one or two spoils of the trace's text (where serde_json and Python's json differ),
+    reproducible, from a stream of their own; invalid UTF-8 reaches the file as raw bytes; and no
+    case replays output tokens (the model refuses that as outside it, FID-6)."""
+    fuzz = load_script("refusal_fuzz")
+    text = [fuzz._text(19, i) for i in range(300)]
+    assert text == [fuzz._text(19, i) for i in range(300)]
+    kinds = {d.split()[-1] for _, _, done in text for d in done if d.startswith("line ")}
+    assert {"dup-unknown", "minus-zero", "surrogate", "token-ids", "array", "UTF-8", "CRLF"} <= kinds
+    for case, lines, done in text:
+        assert 1 <= len([d for d in done if not d.startswith("from_cli")]) <= 2
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("output_token_ids"), list):
+                ids = row["output_token_ids"]
+                assert len(ids) != row.get("output_length") or any(t < 0 or t >= 2**32 for t in ids)
+    assert fuzz.main(["--out", str(tmp_path), "--text", "--seed", "19", "--start", "0", "--count", "40"]) == 0
+    raw = b"".join((d / "trace.jsonl").read_bytes() for d in tmp_path.iterdir())
+    assert b"\xff" in raw  # a bad-utf8 spoil among the first 40
