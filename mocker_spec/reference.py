@@ -40,8 +40,10 @@ import attrs
 from model.engine_args import engine_args_from_json
 from model.errors import InvalidInput, UpstreamPanic
 from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
-from model.replay import ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_setup, run_replay
-from model.workload import DEFAULT_TRACE_BLOCK_SIZE, FlatWorkload, canonical_trace_format, synthetic_replay_workload
+from model.replay import (ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_binding_arguments,
+                          check_mode_arguments, check_setup, run_replay)
+from model.workload import (DEFAULT_TRACE_BLOCK_SIZE, FlatWorkload, canonical_trace_format, normalize_trace_requests,
+                            synthetic_replay_workload)
 
 from .formats import InputFileError, load_concurrency_trace_file, load_trace_file, read_input_file
 
@@ -432,12 +434,14 @@ def setup_from_job(job: Mapping[str, Any]) -> ReplaySetup:
 
 
 def check_job_setup(job: Mapping[str, Any], setup: ReplaySetup) -> None:
-    """DRV-1: the binding's argument checks for ``job``, in the order of its entry point (the trace
-    file's or the synthetic workload's), before any workload is read."""
+    """DRV-1: the argument checks for ``job`` that come before its workload: for a trace file all
+    of them (the binding's, then the mode checks); for a synthetic workload the binding's only, as
+    its entry point builds the workload before the mode checks (:func:`workload_from_job` runs
+    them)."""
     if job.get("trace_file") is not None:
         check_setup(setup, trace_format=binding_arguments(job).get("trace_format", "mooncake"))
     else:
-        check_setup(setup, synthetic=True)
+        check_binding_arguments(setup, synthetic=True)
 
 
 def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
@@ -459,7 +463,9 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
         return load_trace_file(job["trace_file"], tbs, ratio, fmt, validate_sessions=not setup.is_disagg)
     args = setup.prefill_args if setup.is_disagg else setup.engine_args
     block_size = args.block_size if args is not None else 64
-    return synthetic_replay_workload(
+    # DRV-1: the binding builds the workload (WL-16/WL-17, the workload path's speed-up included),
+    # then the entry point makes its mode checks, then it normalizes flat requests (WL-15)
+    workload = synthetic_replay_workload(
         block_size,
         a["input_tokens"],
         a["output_tokens"],
@@ -471,7 +477,12 @@ def workload_from_job(job: Mapping[str, Any], setup: ReplaySetup):
         inter_turn_delay_ms=a.get("inter_turn_delay_ms", 0.0),
         arrival_speedup_ratio=ratio,
         replay_concurrency=conc,
+        normalize=False,
     )
+    check_mode_arguments(setup)
+    if isinstance(workload, FlatWorkload) and conc is None:
+        workload = FlatWorkload(normalize_trace_requests(workload.requests, ratio))
+    return workload
 
 
 def run_model(job: Mapping[str, Any]) -> Outcome:

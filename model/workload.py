@@ -847,6 +847,8 @@ def synthetic_replay_workload(
     inter_turn_delay_ms: float = 0.0,
     arrival_speedup_ratio: float = 1.0,
     replay_concurrency: int | None = None,
+    *,
+    normalize: bool = True,
 ) -> FlatWorkload | SessionWorkload:
     """WL-16/WL-17: what ``run_mocker_synthetic_trace_replay`` replays (offline).
 
@@ -855,7 +857,9 @@ def synthetic_replay_workload(
     when ``turns_per_session > 1``, ``shared_prefix_ratio > 0``,
     ``num_prefix_groups > 0`` or ``inter_turn_delay_ms > 0``; timing is sped up
     unless ``replay_concurrency`` is set.  The flat path normalizes arrivals with
-    the real ratio (WL-15); in concurrency mode its arrivals stay None.
+    the real ratio (WL-15); in concurrency mode its arrivals stay None. Upstream normalizes them
+    only after its mode checks (DRV-1); ``normalize=False`` leaves that step (and so the ratio's
+    check) to the caller, :func:`normalize_trace_requests`.
     """
     if replay_concurrency is not None and (
         isinstance(replay_concurrency, bool) or not isinstance(replay_concurrency, int) or replay_concurrency < 1
@@ -874,6 +878,6 @@ def synthetic_replay_workload(
         return SessionWorkload(trace)
     reqs = synthetic_requests(input_tokens, output_tokens, request_count, arrival_interval_ms,
                               include_arrival_timestamps=replay_concurrency is None)
-    if replay_concurrency is None:
+    if replay_concurrency is None and normalize:
         reqs = normalize_trace_requests(reqs, arrival_speedup_ratio)
     return FlatWorkload(reqs)

@@ -271,3 +271,16 @@ def test_live_numbers_are_valued_as_serde_json_values_them(reference_python, tmp
     build = json.loads(out.strip().splitlines()[-1])
     assert build == [float(serde_json_number(repr(x))) for x in floats]
     assert build != floats
+
+
+@pytest.mark.reference
+def test_live_synthetic_argument_order_matches_the_reference(reference_python):
+    """DRV-1: test_replay.SYNTHETIC_ORDER_CASES, each refused by the build with the recorded text
+    and by the model alike."""
+    from test_replay import SYNTHETIC_ORDER_CASES
+
+    for job, message in SYNTHETIC_ORDER_CASES:
+        ref = run_reference(job, timeout_s=TIMEOUT_S, python=reference_python)
+        assert (ref.status, ref.message) == ("error", message)
+        _, _, div = check_loaded_case(job, ref)
+        assert div is None, div.describe()

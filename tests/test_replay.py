@@ -1592,3 +1592,35 @@ def test_error_messages_are_compared_without_their_end_blanks():
     ours = Outcome("error", "trace line 2 sets delay on the first turn of session ")
     assert compare(ours, Outcome("error", "trace line 2 sets delay on the first turn of session")) is None
     assert compare(ours, Outcome("error", "trace line 3 sets delay on the first turn of session")).where == "status"
+
+
+#: DRV-1: synthetic jobs with a bad workload argument and a bad mode argument, and which one the
+#: compiled build refuses (recorded from it): the binding builds the workload (WL-16/WL-17, the
+#: workload path's speed-up included) before the entry point's mode checks, and normalizes flat
+#: requests (WL-15's ratio check) only after them
+_SYNTHETIC = {"input_tokens": 8, "output_tokens": 2, "request_count": 2}
+_AGG = {"block_size": 16, "num_gpu_blocks": 64}
+SYNTHETIC_ORDER_CASES = [
+    ({"mode": "agg", "num_workers": 0, "engine_args": _AGG, "synthetic": dict(_SYNTHETIC, input_tokens=0)},
+     "input_tokens must be at least 1"),
+    ({"mode": "agg", "num_workers": 1, "router_mode": "kv_router", "engine_args": _AGG,
+      "synthetic": dict(_SYNTHETIC, input_tokens=0)}, "input_tokens must be at least 1"),
+    ({"mode": "agg", "num_workers": 0, "arrival_speedup_ratio": 0, "engine_args": _AGG,
+      "synthetic": dict(_SYNTHETIC, turns_per_session=2)}, "ratio must be a finite positive number, got 0"),
+    ({"mode": "disagg", "num_prefill_workers": 0, "prefill_engine_args": dict(_AGG, worker_type="prefill"),
+      "decode_engine_args": dict(_AGG, worker_type="decode"), "synthetic": dict(_SYNTHETIC, input_tokens=0)},
+     "input_tokens must be at least 1"),
+    ({"mode": "agg", "num_workers": 0, "arrival_speedup_ratio": 0, "engine_args": _AGG, "synthetic": _SYNTHETIC},
+     "trace replay requires num_workers >= 1"),
+    ({"mode": "agg", "num_workers": 1, "arrival_speedup_ratio": 0, "engine_args": _AGG, "synthetic": _SYNTHETIC},
+     "arrival_speedup_ratio must be a finite positive number, got 0"),
+]
+
+
+@pytest.mark.parametrize("job,message", SYNTHETIC_ORDER_CASES)
+def test_synthetic_workload_is_built_between_the_binding_and_the_mode_checks(job, message):
+    """DRV-1: the refusal the build gives for each pair (SYNTHETIC_ORDER_CASES)."""
+    from mocker_spec.reference import model_outcome
+
+    outcome = model_outcome(job)
+    assert (outcome.status, outcome.message) == ("error", message)

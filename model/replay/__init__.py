@@ -34,6 +34,8 @@ __all__ = [
     "ReplaySetup",
     "run_replay",
     "check_setup",
+    "check_binding_arguments",
+    "check_mode_arguments",
     "ReplayError",
     "ReplayDeadEnd",
     "ReplayLivelock",
@@ -64,13 +66,20 @@ class ReplaySetup:
 
 
 def check_setup(setup: ReplaySetup, *, trace_format: Optional[str] = None, synthetic: bool = False) -> None:
-    """DRV-1: the binding's argument checks, in its order, then upstream's (validate.rs:9-173).
-
-    Trace entry point (binding:876-935): the args and worker counts, ``router_mode``, the
-    ``trace_format`` when given (WL-19), ``max_sim_time_ms`` (DRV-18), the SLA thresholds (REP-12),
-    ``replay_concurrency`` (binding:1689-1695), then validate.rs's mode checks (ARGS-18). The
-    synthetic entry point (``synthetic=True``, binding:1128-1169) checks the SLA thresholds first.
+    """DRV-1: the binding's argument checks, in its order, then upstream's (validate.rs:9-185):
+    :func:`check_binding_arguments`, then :func:`check_mode_arguments`. A trace file is read only
+    after both; the synthetic entry point builds its workload between the two (DRV-1).
     Given two bad arguments, the refusal names the earlier one, as the compiled build does."""
+    check_binding_arguments(setup, trace_format=trace_format, synthetic=synthetic)
+    check_mode_arguments(setup)
+
+
+def check_binding_arguments(setup: ReplaySetup, *, trace_format: Optional[str] = None,
+                            synthetic: bool = False) -> None:
+    """DRV-1: the binding's own checks. Trace entry point (binding:876-935): the args and worker
+    counts, ``router_mode``, the ``trace_format`` when given (WL-19), ``max_sim_time_ms`` (DRV-18),
+    the SLA thresholds (REP-12), ``replay_concurrency`` (binding:1689-1695). The synthetic entry
+    point (``synthetic=True``, binding:1128-1169) checks the SLA thresholds first."""
     if synthetic:
         setup.sla.check()
     for name in ("num_workers", "num_prefill_workers", "num_decode_workers"):
@@ -114,6 +123,11 @@ def check_setup(setup: ReplaySetup, *, trace_format: Optional[str] = None, synth
     ):
         raise InvalidInput("replay_concurrency", setup.replay_concurrency, "replay_concurrency must be at least 1",
                            rule="DRV-1")
+
+
+def check_mode_arguments(setup: ReplaySetup) -> None:
+    """DRV-1, ARGS-18: upstream's mode checks (validate.rs:9-185), which the entry points run
+    before they read a trace file and after they built a synthetic workload."""
     mode = "trace replay" if setup.replay_concurrency is None else "concurrency replay"  # ARGS-18's texts
     if setup.is_disagg:
         check_disagg_replay_args(setup.prefill_args, setup.decode_args, setup.num_prefill_workers,
