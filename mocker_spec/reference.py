@@ -615,7 +615,9 @@ def refused_argument(message: str) -> Optional[str]:
 
 #: FID-10: the compiled build's trace-file refusals quote the file's path, which is where the case
 #: was recorded (loadgen/trace.rs:193-197, 303-305)
-_TRACE_LINE_REFUSAL = re.compile(r"^failed to parse line (\d+) from .+ as JSON$")
+#: FID-10: a trace line the reference could not parse, or could not read (invalid UTF-8, WL-3); both
+#: quote the file's path
+_TRACE_LINE_REFUSAL = re.compile(r"^failed to (?:parse line (\d+) from .+ as JSON|read line (\d+) from .+)$")
 #: FID-10: a panic on a validation failure names the field (a vLLM ``block_size`` of 1: the
 #: sequence's validator, sequence.rs:58,109; the model refuses it, SEQ-3)
 _VALIDATION_PANIC = re.compile(r'^the reference crashed: pyo3_runtime\.PanicException: .*ValidationErrors\(\{"(\w+)"')
@@ -661,7 +663,7 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
         return field.split(".")[-1] == panic.group(1)
     line = _TRACE_LINE_REFUSAL.match(ref_message)
     if line:
-        return field.startswith(f"trace line {line.group(1)}:")
+        return field.startswith(f"trace line {line.group(1) or line.group(2)}:")
     if _EMPTY_TRACE.match(ref_message):
         return ours.message == "trace file did not contain any requests"
     fmt = _TRACE_FORMAT_REFUSAL.match(ref_message)

@@ -183,7 +183,7 @@ def _outcome_of_cleanup(result) -> Outcome:
         return Outcome.APPLIED
     if result == NOOP:
         return Outcome.NOOP
-    raise ReplayError(f"handoff cleanup returned an unexpected result {result!r}", rule="DIS-9")
+    raise ReplayError("handoff cleanup returned an unexpected scheduler result", rule="DIS-9")  # disagg.rs:2180
 
 
 class _DisaggRun(ClockedRun):
