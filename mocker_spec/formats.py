@@ -72,8 +72,9 @@ def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[str]:
                 raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
             try:
                 text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                err = InvalidInput(f"trace line {i}: bytes", raw[:40], f"failed to read line {i}: invalid UTF-8", rule="WL-3")
+            except UnicodeDecodeError as exc:
+                where = f"0x{raw[exc.start]:02x} at byte {exc.start + 1}"
+                err = InvalidInput(f"trace line {i}: bytes", where, f"failed to read line {i}: invalid UTF-8", rule="WL-3")
                 err.line = i  # type: ignore[attr-defined]
                 raise err from None
             yield text
