@@ -81,14 +81,22 @@ ODD_ROW = {"timestamp": (0.0, -1e9, 1e12, 0.1), "input_length": (0, 1, 100000), 
            "delay": (0.0, 1e6, 0.001)}
 
 
+def _base_case(stream: str, seed: int, index: int):
+    """The draw stream ``stream`` of case ``(seed, index)`` and the generated case it spoils: a
+    plain, session, concurrency or extra-args variant of ``gen-cases`` case ``index`` of family
+    ``seed``, drawn from that stream."""
+    rng = random.Random(f"{stream}:{seed}:{index}")
+    variant = rng.choice(({}, {"sessions": True}, {"concurrency": True}, {"extra_args": True}))
+    case, rows = generate_case(seed, index, **variant)
+    return rng, case, rows
+
+
 def spoil(seed: int, index: int, odd: bool = False) -> Tuple[Dict[str, Any], List[str], List[str]]:
     """Case ``index`` of family ``seed``: ``(case.json content, trace lines, mutations)``; ``odd``
     draws edge values of the right type instead (a stream of its own)."""
     if odd:
         return _odd(seed, index)
-    rng = random.Random(f"mocker-spec-refusal-fuzz:{seed}:{index}")
-    variant = rng.choice(({}, {"sessions": True}, {"concurrency": True}, {"extra_args": True}))
-    case, rows = generate_case(seed, index, **variant)
+    rng, case, rows = _base_case("mocker-spec-refusal-fuzz", seed, index)
     lines = [json.dumps(r) for r in rows]
     done: List[str] = []
     if rng.random() < 0.25:
@@ -140,9 +148,7 @@ def spoil(seed: int, index: int, odd: bool = False) -> Tuple[Dict[str, Any], Lis
 
 def _odd(seed: int, index: int) -> Tuple[Dict[str, Any], List[str], List[str]]:
     """``spoil(..., odd=True)``: one to three edge values of the right type."""
-    rng = random.Random(f"mocker-spec-refusal-fuzz-odd:{seed}:{index}")
-    variant = rng.choice(({}, {"sessions": True}, {"concurrency": True}, {"extra_args": True}))
-    case, rows = generate_case(seed, index, **variant)
+    rng, case, rows = _base_case("mocker-spec-refusal-fuzz-odd", seed, index)
     done: List[str] = []
     for _ in range(rng.randint(1, 3)):
         kind = rng.choice(("engine", "engine", "sglang", "replay", "row", "row"))
@@ -184,9 +190,7 @@ TEXT_ROW_FIELDS = ("input_length", "output_length", "timestamp")
 def _text(seed: int, index: int) -> Tuple[Dict[str, Any], List[str], List[str]]:
     """``--text``: one or two spoils of the trace's text (lines are ``str``; invalid UTF-8 is held as
     surrogate escapes, written back as the raw bytes)."""
-    rng = random.Random(f"mocker-spec-refusal-fuzz-text:{seed}:{index}")
-    variant = rng.choice(({}, {"sessions": True}, {"concurrency": True}, {"extra_args": True}))
-    case, rows = generate_case(seed, index, **variant)
+    rng, case, rows = _base_case("mocker-spec-refusal-fuzz-text", seed, index)
     lines = [json.dumps(r) for r in rows]
     done: List[str] = []
     if rng.random() < 0.25:
