@@ -94,6 +94,16 @@ def serde_json_number(text: str) -> int | float:
     passes it to ``parse_int`` / ``parse_float``): an ``int`` for an integer that fits a u64 or, when
     negative, an i64; otherwise a ``float``, ``-0`` included. ``NumberOutOfRange`` where serde_json
     refuses the number. Rules: spec/replay.md WL-2."""
+    # fast paths, equal to the full reading below: a u64 / i64 of at most 18 digits, and a plain
+    # decimal of at most 15 digits with at most 22 after the point (an exact significand below
+    # 2^53 and an exact power of ten: one correctly rounded division, as Python's float())
+    digits = text[1:] if text[:1] == "-" else text
+    if digits.isascii():
+        if digits.isdigit() and len(digits) <= 18 and text != "-0":
+            return int(text)
+        whole, dot, frac = digits.partition(".")
+        if dot and whole.isdigit() and frac.isdigit() and len(whole) + len(frac) <= 15 and len(frac) <= 22:
+            return float(text)
     m = _NUMBER.fullmatch(text)
     if m is None:  # pragma: no cover - the json module only hands over valid literals
         raise ValueError(f"invalid number {text!r}")

@@ -203,7 +203,7 @@ def parse_mooncake_row(raw: Any, line: int | None = None) -> MooncakeRow:
     values: dict[str, Any] = {}
     if isinstance(raw, (JsonObject, Mapping)):
         for key, v in (raw.pairs if isinstance(raw, JsonObject) else raw.items()):
-            if has_lone_surrogate(key):
+            if isinstance(key, str) and has_lone_surrogate(key):
                 raise _bad(line, "row", key, "lone surrogate in hex escape", "WL-2")
             canonical = MOONCAKE_ALIASES.get(key, key)
             if canonical not in MOONCAKE_FIELDS:
