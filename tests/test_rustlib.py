@@ -68,3 +68,16 @@ def test_rust_whitespace_is_unicode_white_space():
 def test_lone_surrogates():
     assert has_lone_surrogate("a\ud800") and has_lone_surrogate("\udfff")
     assert not has_lone_surrogate("\U0001F600")
+
+
+def test_fast_paths_agree_with_the_full_reading():
+    """The short-integer and plain-decimal fast paths give what serde_json's full reading gives:
+    a decimal with "e0" appended takes the full path and must read the same."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(20000):
+        text = f"{rng.choice(('', '-'))}{rng.randint(0, 10 ** rng.randint(1, 12))}.{rng.randint(0, 10 ** rng.randint(1, 14))}"
+        assert serde_json_number(text) == serde_json_number(text + "e0"), text
+    assert serde_json_number("123456789012345678") == 123456789012345678
+    assert serde_json_number("-123456789012345678") == -123456789012345678
