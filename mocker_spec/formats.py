@@ -61,11 +61,12 @@ def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[str]:
     reached, so an earlier bad row is reported first.  The file is opened at the first line
     asked for (after the caller's own checks, WL-5).
     """
-    p = Path(path)
+    name = os.fspath(path)  # as given, as Rust's Path::display shows it
     try:
-        f = p.open("rb")
+        f = open(path, "rb")
     except OSError as exc:
-        raise InvalidInput("trace_file", str(p), f"failed to open trace file: {exc.strerror or exc}", rule="WL-3") from None
+        raise InvalidInput("trace_file", name, f"failed to open trace file {name}", rule="WL-3",
+                           detail=exc.strerror or str(exc)) from None
     with f:
         for i, raw in enumerate(f, start=1):
             if raw.endswith(b"\n"):
@@ -74,7 +75,8 @@ def iter_trace_lines(path: str | os.PathLike[str]) -> Iterator[str]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 where = f"0x{raw[exc.start]:02x} at byte {exc.start + 1}"
-                err = InvalidInput(f"trace line {i}: bytes", where, f"failed to read line {i}: invalid UTF-8", rule="WL-3")
+                err = InvalidInput(f"trace line {i}: bytes", where, f"failed to read line {i} from {name}", rule="WL-3",
+                                   detail="invalid UTF-8")
                 err.line = i  # type: ignore[attr-defined]
                 raise err from None
             yield text
@@ -85,14 +87,16 @@ def read_trace_lines(path: str | os.PathLike[str]) -> list[str]:
     return list(iter_trace_lines(path))
 
 
-def _rows(lines: Iterable[str]):
-    for i, text in enumerate(lines, start=1):
-        yield i, parse_mooncake_line(text, i)
+def _rows(path: str | os.PathLike[str]):
+    """WL-3: the parsed rows of a trace file, one line at a time; refusals name the file as given."""
+    name = os.fspath(path)
+    for i, text in enumerate(iter_trace_lines(path), start=1):
+        yield i, parse_mooncake_line(text, i, name)
 
 
 def read_trace(path: str | os.PathLike[str], trace_block_size: int = DEFAULT_TRACE_BLOCK_SIZE) -> Trace:
     """WL-3..WL-8: parse a mooncake JSONL file into sessions (no timing changes)."""
-    return trace_from_mooncake_rows(_rows(iter_trace_lines(path)), trace_block_size)
+    return trace_from_mooncake_rows(_rows(path), trace_block_size, os.fspath(path))
 
 
 class InputFileError(ValueError):
@@ -126,7 +130,7 @@ def load_trace_file(
     validate_sessions: bool = True,
 ) -> FlatWorkload | SessionWorkload:
     """WL-14: the full offline trace-file pipeline (see ``model.workload.load_trace_workload``)."""
-    return load_trace_workload(_rows(iter_trace_lines(path)), trace_block_size, arrival_speedup_ratio, trace_format,
+    return load_trace_workload(_rows(path), trace_block_size, arrival_speedup_ratio, trace_format, source=os.fspath(path),
                                validate_sessions=validate_sessions)
 
 
@@ -135,7 +139,7 @@ def load_concurrency_trace_file(
     accumulate_deltas: bool = False,
 ) -> FlatWorkload | SessionWorkload:
     """WL-20: a trace file replayed with ``replay_concurrency`` (``model.workload.load_concurrency_trace_workload``)."""
-    return load_concurrency_trace_workload(_rows(iter_trace_lines(path)), trace_block_size, validate=validate,
+    return load_concurrency_trace_workload(_rows(path), trace_block_size, validate=validate, source=os.fspath(path),
                                            accumulate_deltas=accumulate_deltas)
 
 

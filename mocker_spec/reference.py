@@ -665,7 +665,7 @@ def _same_refusal(ours: Outcome, ref_message: str) -> bool:
     if line:
         return field.startswith(f"trace line {line.group(1) or line.group(2)}:")
     if _EMPTY_TRACE.match(ref_message):
-        return ours.message == "trace file did not contain any requests"
+        return _EMPTY_TRACE.match(ours.message) is not None or ours.message == "trace file did not contain any requests"
     fmt = _TRACE_FORMAT_REFUSAL.match(ref_message)
     if fmt:
         return field == "trace_format" and ours.refused_value == fmt.group(1)

@@ -52,11 +52,13 @@ class InvalidInput(ModelError):
     one-line error.
     """
 
-    def __init__(self, field: str, value: object, reason: str, *, rule: str | None = None) -> None:
+    def __init__(self, field: str, value: object, reason: str, *, rule: str | None = None,
+                 detail: str | None = None) -> None:
         self.field = field
         self.value = value
-        self.reason = reason
-        super().__init__(f"{field}={value!r}: {reason}", rule=rule)
+        self.reason = reason  # upstream's text where upstream refuses the same input
+        self.detail = detail  # what exactly is wrong, where upstream's text does not say
+        super().__init__(f"{field}={value!r}: {reason}" + (f" ({detail})" if detail else ""), rule=rule)
 
 
 def check_reservation(field: str, value: int, count: int, element_bytes: int, rule: str) -> None:

@@ -78,10 +78,10 @@ _U32_MAX = (1 << 32) - 1
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
-def _bad(line: int | None, field: str, value: object, reason: str, rule: str) -> InvalidInput:
+def _bad(line: int | None, field: str, value: object, reason: str, rule: str, detail: str | None = None) -> InvalidInput:
     """An InvalidInput naming ``trace line N`` and the field; ``.line`` holds N."""
     name = field if line is None else f"trace line {line}: {field}"
-    err = InvalidInput(name, value, reason, rule=rule)
+    err = InvalidInput(name, value, reason, rule=rule, detail=detail)
     err.line = line  # type: ignore[attr-defined]
     return err
 
@@ -225,11 +225,19 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"invalid JSON literal {name}")
 
 
-def parse_mooncake_line(text: str, line: int) -> MooncakeRow | None:
+def parse_failure(line: int, source: str | None) -> str:
+    """WL-4: upstream's text for a line serde cannot read as a row (a JSON error or a bad value
+    alike; trace.rs:192-198), naming the file as it was given when it is known."""
+    return f"failed to parse line {line} from {source} as JSON" if source is not None else \
+        f"failed to parse line {line} as JSON"
+
+
+def parse_mooncake_line(text: str, line: int, source: str | None = None) -> MooncakeRow | None:
     """WL-3: parse one text line; ``None`` for a blank (whitespace-only) line.
 
     JSON is read like serde_json: no NaN/Infinity literals, no out-of-range
-    numbers, numbers valued as serde_json values them (WL-2).
+    numbers, numbers valued as serde_json values them (WL-2). Any refusal carries upstream's text
+    (:func:`parse_failure`, ``source`` being the file's name) with the exact cause as its detail.
     """
     if not text.strip(RUST_WHITESPACE):  # Rust's str::trim (WL-3)
         return None
@@ -243,8 +251,13 @@ def parse_mooncake_line(text: str, line: int) -> MooncakeRow | None:
         )
     except ValueError as exc:  # JSONDecodeError is a ValueError
         shown = text if len(text) <= 80 else text[:77] + "..."
-        raise _bad(line, "json", shown, f"failed to parse line {line} as JSON: {exc}", "WL-3") from None
-    return parse_mooncake_row(raw, line)
+        raise _bad(line, "json", shown, parse_failure(line, source), "WL-3", detail=str(exc)) from None
+    try:
+        return parse_mooncake_row(raw, line)
+    except InvalidInput as exc:  # a bad value is a serde error of the line too
+        err = InvalidInput(exc.field, exc.value, parse_failure(line, source), rule=exc.rule, detail=exc.reason)
+        err.line = line  # type: ignore[attr-defined]
+        raise err from None
 
 
 # ---------------------------------------------------------------------------
@@ -282,7 +295,8 @@ class Trace:
 
 
 def trace_from_mooncake_rows(
-    rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]], trace_block_size: int
+    rows: Iterable[tuple[int, MooncakeRow | Mapping[str, Any] | None]], trace_block_size: int,
+    source: str | None = None,
 ) -> Trace:
     """WL-5..WL-8: build a :class:`Trace` from ``(line_number, row)`` pairs (WL-5, WL-6, WL-7, WL-8).
 
@@ -361,7 +375,8 @@ def trace_from_mooncake_rows(
             last_ts[si] = row.timestamp
 
     if not sessions:
-        raise InvalidInput("trace", None, "trace file did not contain any requests", rule="WL-5")
+        raise InvalidInput("trace", None, "trace file did not contain any requests" if source is None else
+                           f"trace file {source} did not contain any requests", rule="WL-5")
     if replayed_outputs:
         raise _bad(replayed_outputs, "output_token_ids", "...",
                    "output token replay (a build feature newer than the pinned source) is not supported by the model",
@@ -629,6 +644,7 @@ def load_trace_workload(
     trace_format: str = "mooncake",
     *,
     validate_sessions: bool = True,
+    source: str | None = None,
 ) -> FlatWorkload | SessionWorkload:
     """WL-14: the offline (non-concurrency) trace-file pipeline for ``mooncake`` / ``mooncake-delta``.
 
@@ -638,7 +654,7 @@ def load_trace_workload(
     ``validate_sessions`` False is the disaggregated replay's session path (WL-9).
     """
     trace_format = canonical_trace_format(trace_format)
-    trace = speed_up_timing(normalize_session_starts(trace_from_mooncake_rows(rows, trace_block_size)),
+    trace = speed_up_timing(normalize_session_starts(trace_from_mooncake_rows(rows, trace_block_size, source)),
                             arrival_speedup_ratio)
     return workload_from_trace(trace, trace_format, validate_sessions=validate_sessions)
 
@@ -668,6 +684,7 @@ def load_concurrency_trace_workload(
     *,
     validate: bool = True,
     accumulate_deltas: bool = False,
+    source: str | None = None,
 ) -> FlatWorkload | SessionWorkload:
     """WL-20: a ``mooncake`` trace file replayed with ``replay_concurrency`` (closed loop).
 
@@ -677,7 +694,7 @@ def load_concurrency_trace_workload(
     timestamp allowed); the disaggregated one does not (``validate=False``).  Single-turn or not,
     the trace is a :class:`SessionWorkload` for that driver (DRV-17), as upstream's always is.
     """
-    trace = trace_from_mooncake_rows(rows, trace_block_size)
+    trace = trace_from_mooncake_rows(rows, trace_block_size, source)
     if validate:
         validate_for_concurrency_mode(trace)
     return SessionWorkload(trace, accumulate_deltas=accumulate_deltas)

@@ -618,6 +618,7 @@ def _line_error(text: str) -> InvalidInput:
     with pytest.raises(InvalidInput) as info:
         parse_mooncake_line(text, 3)
     assert info.value.line == 3 and info.value.field.startswith("trace line 3: ")
+    assert info.value.reason == "failed to parse line 3 as JSON"  # upstream's text (WL-4); the cause is the detail
     return info.value
 
 
@@ -633,7 +634,7 @@ def test_only_a_repeated_field_is_a_duplicate():
 def test_minus_zero_is_a_float():
     """WL-2: serde_json reads -0 as the float -0.0: an error for an integer field (golden
     trace-minus-zero-input-length), -0.0 for a timestamp."""
-    assert "invalid type" in _line_error('{"input_length": -0, "output_length": 2, "hash_ids": [1]}').reason
+    assert "invalid type" in _line_error('{"input_length": -0, "output_length": 2, "hash_ids": [1]}').detail
     row = parse_mooncake_line('{"input_length": 16, "output_length": 2, "hash_ids": [1], "timestamp": -0}', 1)
     assert row.timestamp == 0.0 and math.copysign(1.0, row.timestamp) == -1.0
 
@@ -643,7 +644,7 @@ def test_numbers_are_valued_as_serde_json_values_them():
     a 310-digit integer for an f64 field is out of range (checked on the build)."""
     row = parse_mooncake_line('{"input_length": 16, "output_length": 2, "hash_ids": [1], "timestamp": 64938.497189547844}', 1)
     assert row.timestamp == 64938.49718954784
-    assert "out of range" in _line_error('{"output_length": 2, "hash_ids": [1], "timestamp": 1' + "0" * 309 + "}").reason
+    assert "out of range" in _line_error('{"output_length": 2, "hash_ids": [1], "timestamp": 1' + "0" * 309 + "}").detail
 
 
 def test_lone_surrogates_in_read_strings_and_keys():
@@ -665,7 +666,7 @@ def test_the_builds_two_extra_fields():
     """WL-1, WL-5: the compiled build's row also reads request_id (a string) and output_token_ids
     (u32s, as many as output_length; golden trace-output-token-ids-length). Output token replay
     is a build feature the model refuses after the load."""
-    assert "expected a string" in _line_error('{"request_id": 5, ' + _ROW + "}").reason
+    assert "expected a string" in _line_error('{"request_id": 5, ' + _ROW + "}").detail
     _line_error('{"output_token_ids": [-1, 2], ' + _ROW + "}")
     _line_error('{"output_token_ids": "x", ' + _ROW + "}")
     with pytest.raises(InvalidInput, match="does not match output_token_ids length 3") as info:
@@ -687,7 +688,18 @@ def test_lines_are_read_one_at_a_time(tmp_path: Path):
     p.write_bytes(b'{"output_length": 2, "hash_ids": [1]}\n{bad\n\xff\xfe\n')
     with pytest.raises(InvalidInput) as info:
         load_trace_file(p, 16)
-    assert info.value.line == 2 and "JSON" in info.value.reason
+    assert info.value.line == 2 and info.value.reason == f"failed to parse line 2 from {p} as JSON"
+    p.write_bytes(b'{"output_length": 2, "hash_ids": [1]}\n\xff\xfe\n')
+    with pytest.raises(InvalidInput) as info:  # upstream's texts name the file as it was given
+        load_trace_file(str(p), 16)
+    assert info.value.reason == f"failed to read line 2 from {p}" and info.value.detail == "invalid UTF-8"
+    with pytest.raises(InvalidInput) as info:
+        load_trace_file(str(tmp_path / "missing.jsonl"), 16)
+    assert info.value.reason == f"failed to open trace file {tmp_path / 'missing.jsonl'}"
+    (tmp_path / "empty.jsonl").write_text("\n  \n")
+    with pytest.raises(InvalidInput) as info:
+        load_trace_file(str(tmp_path / "empty.jsonl"), 16)
+    assert info.value.reason == f"trace file {tmp_path / 'empty.jsonl'} did not contain any requests"
     with pytest.raises(InvalidInput, match="trace_block_size must be greater than 0"):
         load_trace_file(tmp_path / "missing.jsonl", 0)
     q = tmp_path / "crlf.jsonl"
