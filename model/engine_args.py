@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import attrs
 
-from model.errors import InvalidInput
+from model.errors import InvalidInput, rust_display
 from model.rustlib import RUST_WHITESPACE, rust_parse_f64, serde_json_number
 
 # ---------------------------------------------------------------------------
@@ -109,6 +109,95 @@ _USIZE_MAX = _U64_MAX
 
 def _ascii_lower(text: str) -> str:
     return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in text)
+
+
+# ---------------------------------------------------------------------------
+# Upstream's refusal texts (ARGS-20): what the compiled build says, word for word, where the
+# text is deterministic, so that a refusal compares exactly
+# ---------------------------------------------------------------------------
+
+#: ARGS-20: the Python classes of the nested constructors (their names appear in PyO3's texts)
+_NESTED_CLASSES = {"sglang": "SglangArgs", "trtllm": "TrtllmArgs", "reasoning": "ReasoningConfig"}
+#: ARGS-20: what the validator's struct-level refusals are prefixed with, per dialect
+_VALIDATION_PREFIX = {"kwargs": "Failed to normalize MockEngineArgs: ", "json": "Failed to parse MockEngineArgs JSON: "}
+
+
+def _pyo3_conversion_text(param: str, value: Any, kind: str) -> str:
+    """ARGS-20: PyO3's refusal of ``value`` for a parameter of Rust type ``kind``. A TypeError names
+    the argument; an OverflowError (a Python int out of the type's range) does not."""
+    tname = type(value).__name__
+    if kind in (_USIZE, _U64):  # PyLong_AsUnsignedLongLong after operator.index
+        if isinstance(value, int):
+            return "can't convert negative int to unsigned" if value < 0 else "int too big to convert"
+        return f"argument '{param}': '{tname}' object cannot be interpreted as an integer"
+    if kind in (_U32, _U16):  # through a C long, then a checked narrowing
+        if isinstance(value, int):
+            if not -(2**63) <= value < 2**63:
+                return "Python int too large to convert to C long"
+            return "out of range integral type conversion attempted"
+        return f"argument '{param}': '{tname}' object cannot be interpreted as an integer"
+    if kind == _F64:
+        if isinstance(value, int):
+            return "int too large to convert to float"
+        return f"argument '{param}': must be real number, not {tname}"
+    if kind == _BOOL:
+        return f"argument '{param}': '{tname}' object cannot be converted to 'PyBool'"
+    if kind == _PATH and not isinstance(value, (str, bytes)):
+        return f"argument '{param}': expected str, bytes or os.PathLike object, not {tname}"
+    if kind in _NESTED_CLASSES:
+        return f"argument '{param}': '{tname}' object cannot be converted to '{_NESTED_CLASSES[kind]}'"
+    return f"argument '{param}': '{tname}' object cannot be converted to 'PyString'"
+
+
+def _unexpected_keyword_text(owner: str, key: Any) -> str:
+    """ARGS-20: PyO3's refusal of an unknown keyword of ``MockEngineArgs`` or a nested class."""
+    return f"{_NESTED_CLASSES.get(owner, 'MockEngineArgs')}.__new__() got an unexpected keyword argument '{key}'"
+
+
+def _missing_arguments_text(owner: str, missing: Sequence[str]) -> str:
+    """ARGS-20: PyO3's refusal of required keywords left out, in signature order, listed the way
+    Python lists them ('a' / 'a' and 'b' / 'a', 'b', and 'c')."""
+    quoted = [f"'{m}'" for m in missing]
+    listed = quoted[0] if len(quoted) == 1 else (
+        f"{quoted[0]} and {quoted[1]}" if len(quoted) == 2 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}")
+    plural = "argument" if len(missing) == 1 else "arguments"
+    return f"{_NESTED_CLASSES[owner]}.__new__() missing {len(missing)} required positional {plural}: {listed}"
+
+
+def _rust_debug_str(text: str) -> str:
+    """ARGS-20: a string as Rust's ``{:?}`` writes it (quotes, backslash escapes, ``\\u{..}`` for
+    other control characters)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\0":
+            out.append("\\0")
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
+            out.append(f"\\u{{{ord(ch):x}}}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _struct_rule(field: str, value: Any, text: str, rule: str) -> InvalidInput:
+    """ARGS-20: a refusal of the validator's struct-level rules (``__all__``); the dialect's prefix is
+    added by :func:`engine_args_from_json`."""
+    return _normalization_error(field, value, f"Failed to validate MockEngineArgs: __all__: {text}", rule)
+
+
+def _normalization_error(field: str, value: Any, text: str, rule: str) -> InvalidInput:
+    """ARGS-20: a refusal raised while upstream normalizes the arguments; :func:`engine_args_from_json`
+    prefixes it as the dialect's caller does (``_VALIDATION_PREFIX``)."""
+    err = InvalidInput(field, value, text, rule=rule)
+    err.normalization = True  # type: ignore[attr-defined]
+    return err
 
 
 # ---------------------------------------------------------------------------
@@ -392,36 +481,26 @@ def _validate(a: EngineArgs) -> None:
 
     # ARGS-7: block size after materialisation.
     if a.block_size == 0:
-        raise InvalidInput("block_size", a.block_size, "must be greater than 0", rule="ARGS-7")
+        raise _struct_rule("block_size", a.block_size, "block_size must be greater than 0", "ARGS-7")
 
     # ARGS-10: TRT-LLM capacity scheduler policy (checked for every engine type).
     policy = a.trtllm_capacity_scheduler_policy
     if policy is not None and policy != TRTLLM_GUARANTEED_NO_EVICT:
-        raise InvalidInput(
-            "trtllm.capacity_scheduler_policy",
-            policy,
-            "only 'guaranteed_no_evict' is supported",
-            rule="ARGS-10",
-        )
+        raise _struct_rule("trtllm.capacity_scheduler_policy", policy, "engine_type=trtllm v1 supports only "
+                           f"capacity_scheduler_policy='guaranteed_no_evict', got '{policy}'", "ARGS-10")
 
     # ARGS-8 / ARGS-9: SGLang cross-field rules (only for engine_type sglang).
     if a.engine_type is EngineType.SGLANG and a.sglang is not None:
         page = a.sglang.page_size
         if page is not None and a.block_size != page:
-            raise InvalidInput(
-                "sglang.page_size",
-                page,
-                f"engine_type=sglang requires block_size and sglang.page_size to match, got block_size={a.block_size}",
-                rule="ARGS-8",
-            )
+            raise _struct_rule("sglang.page_size", page, "engine_type=sglang requires block_size and sglang.page_size "
+                               f"to match when both are set, got block_size={a.block_size} and sglang.page_size={page}",
+                               "ARGS-8")
         chunk = a.sglang.chunked_prefill_size
         if chunk is not None and chunk % a.block_size != 0:
-            raise InvalidInput(
-                "sglang.chunked_prefill_size",
-                chunk,
-                f"engine_type=sglang requires it to be divisible by block_size={a.block_size}",
-                rule="ARGS-9",
-            )
+            raise _struct_rule("sglang.chunked_prefill_size", chunk, "engine_type=sglang requires "
+                               "sglang.chunked_prefill_size to be divisible by block_size, got "
+                               f"chunked_prefill_size={chunk} and block_size={a.block_size}", "ARGS-9")
 
     # ARGS-5: finite floats, the model's own refusal, so after every check upstream makes (a NaN
     # passes upstream's ranges, and the model's, since every comparison with it is false).
@@ -611,7 +690,18 @@ _INT_LIMITS = {_USIZE: _USIZE_MAX, _U64: _U64_MAX, _U32: _U32_MAX, _U16: _U16_MA
 
 
 def _parse_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
-    """ARGS-13: type check of one non-null value.  Returns the Python value to use."""
+    """ARGS-13: type check of one non-null value.  Returns the Python value to use. A refusal in the
+    constructor dialect carries PyO3's text (ARGS-20), the model's own words as its detail."""
+    try:
+        return _check_scalar(field, value, kind, dialect)
+    except InvalidInput as err:
+        if dialect != "kwargs" or err.rule != "ARGS-13":
+            raise
+        raise InvalidInput(field, value, _pyo3_conversion_text(field.split(".")[-1], value, kind), rule="ARGS-13",
+                           detail=err.reason) from None
+
+
+def _check_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
     if kind == _ANY:
         return value
     if kind in _INT_LIMITS:
@@ -669,7 +759,10 @@ def _parse_nested(field: str, value: Any, fields: tuple[tuple[str, str], ...], d
     if isinstance(value, (list, tuple)) and dialect == "json":
         return _parse_nested_sequence(field, value, fields, dialect, required)
     if not isinstance(value, Mapping):
-        raise InvalidInput(field, value, "invalid type, expected an object", rule="ARGS-13")
+        reason = "invalid type, expected an object"
+        if dialect == "kwargs":
+            raise InvalidInput(field, value, _pyo3_conversion_text(field, value, field), rule="ARGS-13", detail=reason)
+        raise InvalidInput(field, value, reason, rule="ARGS-13")
     if dialect == "kwargs":
         return _parse_nested_keywords(field, value, fields, required)
     known = {name for name, _ in fields}
@@ -734,15 +827,17 @@ def _normalize_accept_rates(nextn: int, rates: Optional[str]) -> None:
         return
     parsed = []
     for part in stripped.split(","):  # every entry parsed before any is range-checked
+        text = part.strip(RUST_WHITESPACE)
         try:
-            parsed.append(rust_parse_f64(part.strip(RUST_WHITESPACE)))
+            parsed.append(rust_parse_f64(text))
         except ValueError:
-            raise InvalidInput("aic_nextn_accept_rates", rates, f"invalid value {part!r}", rule="ARGS-10") from None
+            why = "cannot parse float from empty string" if not text else "invalid float literal"
+            raise _normalization_error("aic_nextn_accept_rates", rates, "invalid aic_nextn_accept_rates value "
+                                       f"{_rust_debug_str(part)}: {why}", "ARGS-10") from None
     for index, rate in enumerate(parsed):  # entries past aic_nextn included (upstream drops them after)
         if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
-            raise InvalidInput(
-                "aic_nextn_accept_rates", rates, f"entry {index} must be finite and in [0, 1]", rule="ARGS-10"
-            )
+            raise _normalization_error("aic_nextn_accept_rates", rates, f"aic_nextn_accept_rates[{index}] must be "
+                                       f"finite and in [0, 1], got {rust_display(rate)}", "ARGS-10")
 
 
 
@@ -815,10 +910,37 @@ def _read_json_object(obj: Mapping[Any, Any]) -> dict[str, Any]:
     return values
 
 
+#: ARGS-20: upstream's refusal of an unknown enumeration value, per dialect (bindings replay.rs:33-63,
+#: 233-245; common/protocols.rs's conversion; kv-router's queue-policy parse)
+_ENUM_TEXTS = {
+    ("engine_type", "kwargs"): "engine_type must be one of 'vllm', 'sglang', or 'trtllm', got '{v}'",
+    ("worker_type", "kwargs"): "worker_type must be one of 'aggregated', 'prefill', or 'decode', got '{v}'",
+    ("preemption_mode", "kwargs"): "preemption_mode must be either 'lifo' or 'fifo', got '{v}'",
+    ("kv_transfer_timing_mode", "kwargs"):
+        "Invalid kv_transfer_timing_mode '{v}'. Must be 'full_prompt' or 'destination_missing'.",
+    ("router_queue_policy", "kwargs"):
+        "invalid router_queue_policy {d}: unknown queue policy: {d}, expected 'fcfs', 'lcfs', or 'wspt'",
+    ("engine_type", "json"): "Failed to parse MockEngineArgs JSON: Invalid engine_type '{v}'. "
+                             "Must be 'vllm', 'sglang', or 'trtllm'.",
+    ("worker_type", "json"): "Failed to parse MockEngineArgs JSON: Invalid worker_type '{v}'. "
+                             "Must be 'aggregated', 'prefill', or 'decode'.",
+    ("preemption_mode", "json"): "Failed to parse MockEngineArgs JSON: Invalid preemption_mode: '{v}'. "
+                                 "Must be 'lifo' or 'fifo'.",
+    ("kv_transfer_timing_mode", "json"): "Failed to parse MockEngineArgs JSON: Invalid kv_transfer_timing_mode '{v}'. "
+                                         "Must be 'full_prompt' or 'destination_missing'.",
+    ("router_queue_policy", "json"): "Failed to parse MockEngineArgs JSON: unknown queue policy: {d}, "
+                                     "expected 'fcfs', 'lcfs', or 'wspt'",
+}
+
+
 def _enum(key: str, value: Any, dialect: str) -> Any:
     enum_cls, json_only_ci = _ENUMS[key]
     case_insensitive = True if json_only_ci is None else (json_only_ci and dialect == "json")
-    return _parse_enum(key, value, enum_cls, case_insensitive)
+    try:
+        return _parse_enum(key, value, enum_cls, case_insensitive)
+    except InvalidInput as err:
+        text = _ENUM_TEXTS[(key, dialect)].format(v=value, d=_rust_debug_str(value))
+        raise InvalidInput(err.field, err.value, text, rule=err.rule, detail=err.reason) from None
 
 
 def _json_conversion(values: dict[str, Any]) -> dict[str, Any]:
@@ -857,11 +979,13 @@ def _parse_nested_keywords(key: str, value: Mapping[Any, Any], members: tuple[tu
     known = [name for name, _ in members]
     for name, item in value.items():
         if name not in known:
-            raise InvalidInput(f"{key}.{name}", item, "unknown field", rule="ARGS-11")
+            raise InvalidInput(f"{key}.{name}", item, _unexpected_keyword_text(key, name), rule="ARGS-11",
+                               detail="unknown field")
     if required:
-        for name in known:
-            if name not in value:
-                raise InvalidInput(f"{key}.{name}", None, "missing field", rule="ARGS-13")
+        missing = [name for name in known if name not in value]
+        if missing:
+            raise InvalidInput(f"{key}.{missing[0]}", None, _missing_arguments_text(key, missing), rule="ARGS-13",
+                               detail="missing field")
     out: dict[str, Any] = {}
     for name, kind in members:
         if name not in value:
@@ -869,7 +993,8 @@ def _parse_nested_keywords(key: str, value: Mapping[Any, Any], members: tuple[tu
         item = value[name]
         if item is None:
             if required:
-                raise InvalidInput(f"{key}.{name}", item, "must not be null", rule="ARGS-13")
+                raise InvalidInput(f"{key}.{name}", item, _pyo3_conversion_text(name, None, kind), rule="ARGS-13",
+                                   detail="must not be null")
             out[name] = None
         else:
             out[name] = _parse_scalar(f"{key}.{name}", item, kind, "kwargs")
@@ -887,7 +1012,8 @@ def _read_constructor_keywords(obj: Mapping[Any, Any]) -> dict[str, Any]:
             nested[key] = _parse_nested(key, obj[key], members, "kwargs", required)
     for key, value in obj.items():
         if not isinstance(key, str) or key not in _COMMON_KEYS:
-            raise InvalidInput(str(key), value, "unknown field", rule="ARGS-11")
+            raise InvalidInput(str(key), value, _unexpected_keyword_text("", key), rule="ARGS-11",
+                               detail="unknown field")
     values: dict[str, Any] = {}
     for key in _SIGNATURE_ORDER:
         if key not in obj:
@@ -898,7 +1024,8 @@ def _read_constructor_keywords(obj: Mapping[Any, Any]) -> dict[str, Any]:
             values[key] = nested[key]
         elif value is None:
             if not nullable:
-                raise InvalidInput(key, None, "must not be null", rule="ARGS-13")
+                raise InvalidInput(key, None, _pyo3_conversion_text(key, None, kind), rule="ARGS-13",
+                                   detail="must not be null")
             values[key] = None
         else:
             values[key] = _parse_value(key, value, kind, "kwargs")
@@ -931,14 +1058,17 @@ def _offload_and_mtp_rules(num_g2: Optional[int], num_g3: Optional[int], g4: boo
     """ARGS-19, ARGS-15, ARGS-10: the first of upstream's offload and MTP struct rules that fails (G3 and G4
     need G2; MTP needs a decode speed-up of 1; accept rates need MTP), or None."""
     if num_g3 is not None and num_g2 is None:
-        return InvalidInput("num_g3_blocks", num_g3, "requires num_g2_blocks (G3 is staged through G2)", rule="ARGS-15")
+        return _struct_rule("num_g3_blocks", num_g3,
+                            "num_g3_blocks requires num_g2_blocks because mocker stages G3 through G2", "ARGS-15")
     if g4 and num_g2 is None:
-        return InvalidInput("enable_g4_storage", True, "requires num_g2_blocks (G4 is staged through G2)", rule="ARGS-15")
+        return _struct_rule("enable_g4_storage", True,
+                            "enable_g4_storage requires num_g2_blocks because mocker stages G4 through G2", "ARGS-15")
     if nextn is not None and decode_speedup_ratio != 1.0:
-        return InvalidInput("decode_speedup_ratio", decode_speedup_ratio, "aic_nextn requires decode_speedup_ratio=1.0",
-                            rule="ARGS-10")
+        return _struct_rule("decode_speedup_ratio", decode_speedup_ratio,
+                            "aic_nextn requires decode_speedup_ratio=1.0 because MTP output acceleration is modeled by "
+                            f"burst sampling, got {rust_display(float(decode_speedup_ratio))}", "ARGS-10")
     if nextn is None and rates is not None:
-        return InvalidInput("aic_nextn_accept_rates", rates, "requires aic_nextn", rule="ARGS-10")
+        return _struct_rule("aic_nextn_accept_rates", rates, "aic_nextn_accept_rates requires aic_nextn", "ARGS-10")
     return None
 
 
@@ -955,6 +1085,17 @@ def engine_args_from_json(obj: Any, *, dialect: str = "json") -> EngineArgs:
         raise ValueError(f"unknown dialect {dialect!r}")
     if not isinstance(obj, Mapping):
         raise InvalidInput("engine_args", obj, "must be a JSON object", rule="ARGS-11")
+    try:
+        return _engine_args_from(obj, dialect)
+    except InvalidInput as err:
+        if not getattr(err, "normalization", False):
+            raise
+        # ARGS-20: a refusal of upstream's normalization, as the dialect's caller words it
+        raise InvalidInput(err.field, err.value, _VALIDATION_PREFIX[dialect] + err.reason, rule=err.rule) from None
+
+
+def _engine_args_from(obj: Mapping[Any, Any], dialect: str) -> EngineArgs:
+    """:func:`engine_args_from_json` after its argument checks."""
     if dialect == "json":
         values = _read_json_object(obj)
         fields = _json_conversion(values)

@@ -364,10 +364,11 @@ def test_mtp_rates_are_all_parsed_with_rusts_syntax_before_any_range_check():
     own grammar, then range-checks them all, entries past aic_nextn included. Each outcome was
     checked on the compiled build: a parse refusal names the unparsable entry, a range refusal the
     entry's index; the two accepted ones then meet the model's MTP refusal (ARGS-14)."""
-    parse, rng = "invalid value", "must be finite and in [0, 1]"
-    for rates, why in (("2.0,abc", parse), ("0.5,0.5,7", "entry 2 " + rng), ("\u0660.\u0665", parse),
-                       ("0.5\x1f", parse), ("1_0", parse), (".", parse), ("1E-5,,", parse),
-                       ("5.", "entry 0 " + rng), ("+nan", "entry 0 " + rng)):
+    parse, rng = "invalid float literal", "must be finite and in [0, 1]"
+    for rates, why in (("2.0,abc", parse), ("0.5,0.5,7", "[2] " + rng + ", got 7"), ("\u0660.\u0665", parse),
+                       ("0.5\x1f", parse), ("1_0", parse), (".", parse),
+                       ("1E-5,,", '"": cannot parse float from empty string'),
+                       ("5.", "[0] " + rng + ", got 5"), ("+nan", "[0] " + rng + ", got NaN")):
         err = rejects({"aic_nextn": 1, "aic_nextn_accept_rates": rates}, "aic_nextn_accept_rates", "ARGS-10")
         assert why in str(err), (rates, str(err))
     for rates in (" 0.5 ,\u3000.5", "1e-5"):  # U+3000 is Unicode white space; 1e-5 is in range
@@ -776,3 +777,49 @@ def test_json_dialect_floats_are_valued_as_serde_json_reads_them():
     assert engine_args_from_json({"speedup_ratio": 2.8874685634979014}, dialect="kwargs").speedup_ratio \
         == 2.8874685634979014
     assert engine_args_from_json({"speedup_ratio": 2.5}).speedup_ratio == 2.5
+
+
+#: ARGS-20: single refusals in the constructor dialect and the compiled build's text for each,
+#: recorded from it (a live test repeats them)
+UPSTREAM_TEXTS = [
+    ({"num_gpu_blocks": 1.5}, "argument 'num_gpu_blocks': 'float' object cannot be interpreted as an integer"),
+    ({"num_gpu_blocks": -1}, "can't convert negative int to unsigned"),
+    ({"num_gpu_blocks": 2**64}, "int too big to convert"),
+    ({"dp_size": -1}, "out of range integral type conversion attempted"),
+    ({"dp_size": 2**63}, "Python int too large to convert to C long"),
+    ({"zmq_kv_events_port": 70000}, "out of range integral type conversion attempted"),
+    ({"speedup_ratio": "x"}, "argument 'speedup_ratio': must be real number, not str"),
+    ({"speedup_ratio": None}, "argument 'speedup_ratio': must be real number, not NoneType"),
+    ({"speedup_ratio": 10**400}, "int too large to convert to float"),
+    ({"enable_prefix_caching": 1}, "argument 'enable_prefix_caching': 'int' object cannot be converted to 'PyBool'"),
+    ({"engine_type": None}, "argument 'engine_type': 'NoneType' object cannot be converted to 'PyString'"),
+    ({"planner_profile_data": 5}, "argument 'planner_profile_data': expected str, bytes or os.PathLike object, not int"),
+    ({"planner_profile_data": b"x"}, "argument 'planner_profile_data': 'bytes' object cannot be converted to 'PyString'"),
+    ({"sglang": 5}, "argument 'sglang': 'int' object cannot be converted to 'SglangArgs'"),
+    ({"sglang": {"page_size": "x"}}, "argument 'page_size': 'str' object cannot be interpreted as an integer"),
+    ({"sglang": {"zz": 1}}, "SglangArgs.__new__() got an unexpected keyword argument 'zz'"),
+    ({"no_such": 1}, "MockEngineArgs.__new__() got an unexpected keyword argument 'no_such'"),
+    ({"reasoning": {"start_thinking_token_id": 1}},
+     "ReasoningConfig.__new__() missing 2 required positional arguments: 'end_thinking_token_id' and 'thinking_ratio'"),
+    ({"reasoning": {}}, "ReasoningConfig.__new__() missing 3 required positional arguments: "
+                        "'start_thinking_token_id', 'end_thinking_token_id', and 'thinking_ratio'"),
+    ({"engine_type": "x"}, "engine_type must be one of 'vllm', 'sglang', or 'trtllm', got 'x'"),
+    ({"preemption_mode": "x"}, "preemption_mode must be either 'lifo' or 'fifo', got 'x'"),
+    ({"router_queue_policy": 'a"\n'},
+     "invalid router_queue_policy \"a\\\"\\n\": unknown queue policy: \"a\\\"\\n\", expected 'fcfs', 'lcfs', or 'wspt'"),
+    ({"num_g3_blocks": 5}, "Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs: __all__: "
+                           "num_g3_blocks requires num_g2_blocks because mocker stages G3 through G2"),
+    ({"engine_type": "sglang", "block_size": 16, "sglang": {"page_size": 32}},
+     "Failed to normalize MockEngineArgs: Failed to validate MockEngineArgs: __all__: engine_type=sglang requires "
+     "block_size and sglang.page_size to match when both are set, got block_size=16 and sglang.page_size=32"),
+    ({"aic_nextn": 1, "aic_nextn_accept_rates": "1,,2"},
+     'Failed to normalize MockEngineArgs: invalid aic_nextn_accept_rates value "": cannot parse float from empty string'),
+]
+
+
+@pytest.mark.parametrize("kwargs,text", UPSTREAM_TEXTS)
+def test_refusals_carry_the_builds_text(kwargs, text):
+    """ARGS-20: the refusal's reason is the compiled build's text (UPSTREAM_TEXTS)."""
+    with pytest.raises(InvalidInput) as info:
+        engine_args_from_json(kwargs, dialect="kwargs")
+    assert info.value.reason == text

@@ -176,8 +176,9 @@ def test_live_json_dialect_validation_refusals_agree(reference_python, tmp_path)
         assert ref.status == "error" and ref.message.startswith("Failed to parse MockEngineArgs JSON: "), name
         ours, _, div = check_loaded_case(job, ref)
         assert div is None, f"{name}: {div.describe()}"
-        # the same text against a refusal of another argument is a divergence
-        other = attrs.evolve(ours, refused=ours.refused.split(".", 1)[0] + ".max_num_batched_tokens")
+        # a refusal of another argument, in the model's own words, is a divergence
+        other = attrs.evolve(ours, refused=ours.refused.split(".", 1)[0] + ".max_num_batched_tokens",
+                             message="max_num_batched_tokens: invalid")
         assert compare(other, ref) is not None, name
 
 
@@ -284,3 +285,33 @@ def test_live_synthetic_argument_order_matches_the_reference(reference_python):
         assert (ref.status, ref.message) == ("error", message)
         _, _, div = check_loaded_case(job, ref)
         assert div is None, div.describe()
+
+
+@pytest.mark.reference
+def test_live_refusal_texts_are_the_builds(reference_python):
+    """ARGS-20: test_engine_args.UPSTREAM_TEXTS against the build itself (nested mappings built as
+    the case runner builds them)."""
+    from test_engine_args import UPSTREAM_TEXTS
+
+    script = (
+        "import json, sys\nfrom dynamo._core import MockEngineArgs, SglangArgs, TrtllmArgs, ReasoningConfig\n"
+        "out = []\n"
+        "for kw in json.loads(sys.stdin.read()):\n"
+        "    kw = {k: (bytes(v['bytes'], 'latin-1') if isinstance(v, dict) and 'bytes' in v else v) for k, v in kw.items()}\n"
+        "    for key, cls in (('reasoning', ReasoningConfig), ('sglang', SglangArgs), ('trtllm', TrtllmArgs)):\n"
+        "        if isinstance(kw.get(key), dict):\n"
+        "            try:\n"
+        "                kw[key] = cls(**kw[key])\n"
+        "            except Exception as e:\n"
+        "                out.append(str(e)); break\n"
+        "    else:\n"
+        "        try:\n"
+        "            MockEngineArgs(**kw); out.append('ok')\n"
+        "        except Exception as e:\n"
+        "            out.append(str(e))\n"
+        "print(json.dumps(out))\n")
+    payload = [{k: ({"bytes": v.decode("latin-1")} if isinstance(v, bytes) else v) for k, v in kw.items()}
+               for kw, _ in UPSTREAM_TEXTS]
+    out = subprocess.run([reference_python, "-c", script], input=json.dumps(payload), capture_output=True,
+                         text=True, timeout=TIMEOUT_S, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [text for _, text in UPSTREAM_TEXTS]
