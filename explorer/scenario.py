@@ -316,7 +316,7 @@ def _bool(obj, key, default, where):
 
 
 def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
-    """SCN-2..SCN-9: validate a decoded scenario and build its action alphabet."""
+    """SCN-2..SCN-12: validate a decoded scenario and build its action alphabet."""
     if not isinstance(obj, Mapping):
         raise ScenarioError("a scenario is a JSON/TOML object")
     _check_keys(obj, _TOP_KEYS, "scenario")

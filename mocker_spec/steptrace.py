@@ -6,7 +6,7 @@ hidden pass, a standalone retry) with its input, and the effects the engine obse
 module reads and validates traces (STEP-1..STEP-9), encodes model values in the trace's JSON
 shapes (STEP-10..STEP-13), replays a trace on the model and reports the first divergence
 (STEP-14..STEP-18), and records the model's own effects for a list of operations (STEP-19), which
-is how conformance vectors and harness counterexamples are written.
+is how conformance vectors are written (harness counterexamples carry the engine's effects, HARN-6).
 
 Everything here is a function of its arguments except :func:`read_trace` and
 :func:`write_trace`, which touch files.
@@ -80,7 +80,7 @@ PASS_EFFECTS = (
 )
 RETRY_EFFECTS = ("error", "error_message", "lifecycle_events", "kv_events")
 
-#: STEP-15: the order in which the fields of one step are compared
+#: STEP-14: the order in which the fields of one step are compared
 COMPARE_ORDER = (
     "lifecycle_events",
     "admissions",
@@ -229,7 +229,9 @@ def _parse_request(value: Any, line: int) -> DirectRequest:
     unknown = sorted(set(value) - _REQUEST_KEYS)
     if unknown:
         raise _bad(line, f"request.{unknown[0]}", value[unknown[0]], "unknown request field")
-    uuid = value.get("uuid")
+    if "uuid" not in value:  # required, though it may be null (step-trace.schema.json)
+        raise _bad(line, "request.uuid", None, "missing (give a non-empty string or null)")
+    uuid = value["uuid"]
     if uuid is not None and (not isinstance(uuid, str) or not uuid):
         raise _bad(line, "request.uuid", uuid, "must be a non-empty string or null")
     tokens = value.get("tokens")
@@ -345,6 +347,11 @@ def parse_trace_objects(objs: Sequence[Tuple[int, Any]]) -> Trace:
     return Trace(header, tuple(steps))
 
 
+def _no_constant(name: str) -> Any:
+    # STEP-1: a step trace is JSON, which has no NaN or Infinity
+    raise ValueError(f"{name} is not JSON")
+
+
 def parse_trace_text(text: str) -> Trace:
     """STEP-1: JSONL text -> :class:`Trace`; blank lines are skipped."""
     objs = []
@@ -353,9 +360,9 @@ def parse_trace_text(text: str) -> Trace:
         if not s:
             continue
         try:
-            objs.append((i, json.loads(s)))
+            objs.append((i, json.loads(s, parse_constant=_no_constant)))
         except ValueError as exc:
-            raise BadTrace(f"line {i}: json={_short(s, 60)}: not valid JSON ({exc.msg})") from None
+            raise BadTrace(f"line {i}: json={_short(s, 60)}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
     return parse_trace_objects(objs)
 
 

@@ -105,8 +105,30 @@ def engine_args(engines: Sequence[str] = ENGINES, roles: Sequence[str] = ("aggre
     return build().filter(_valid_engine_args)
 
 
+_PRIVATE_BUCKETS = 4000
+
+
 def _private_base(request_id: str) -> int:
-    return 1_000_000 + (zlib.crc32(request_id.encode("utf-8")) % 4000) * 1000
+    return 1_000_000 + (zlib.crc32(request_id.encode("utf-8")) % _PRIVATE_BUCKETS) * 1000
+
+
+def private_bases(ids: Sequence[str]) -> Dict[str, int]:
+    """HARN-2: the first private token of each id of a universe: its crc32 bucket, or, when an
+    earlier id of the universe holds that bucket, the next free one, so that no two ids of one
+    universe share a private token (up to 4,000 ids)."""
+    if len(set(ids)) > _PRIVATE_BUCKETS:
+        raise ValueError(f"at most {_PRIVATE_BUCKETS} request ids")
+    taken: Dict[int, str] = {}
+    out: Dict[str, int] = {}
+    for rid in ids:
+        if rid in out:
+            continue
+        bucket = (_private_base(rid) - 1_000_000) // 1000
+        while bucket in taken:
+            bucket = (bucket + 1) % _PRIVATE_BUCKETS
+        taken[bucket] = rid
+        out[rid] = 1_000_000 + bucket * 1000
+    return out
 
 
 def prompt_lengths(max_prompt: int) -> Tuple[int, ...]:
@@ -117,11 +139,12 @@ def prompt_lengths(max_prompt: int) -> Tuple[int, ...]:
 
 
 def make_request(uuid: str, length: int, max_output_tokens: int, segments: Sequence[int] = (),
-                 prompts: str = "shared") -> Dict[str, Any]:
+                 prompts: str = "shared", base: Optional[int] = None) -> Dict[str, Any]:
     """HARN-2: the request object with id ``uuid``: ``length`` tokens, the shared ``segments``
     (8 tokens each, from a pool of three) first unless ``prompts`` is ``"private"``, then tokens
-    private to the id."""
-    base = _private_base(uuid)
+    private to the id, from ``base`` (by default the id's own bucket; :func:`private_bases` gives
+    the bases of a universe, no two alike)."""
+    base = _private_base(uuid) if base is None else base
     private = [base + i for i in range(length)]
     if prompts == "private":
         tokens = private
@@ -142,13 +165,14 @@ def requests(ids: Sequence[str] = REQUEST_IDS, max_prompt: int = 40, max_output:
     pool, so prefix caching and cache hits happen."""
     st = _st()
     lengths = prompt_lengths(max_prompt)
+    bases = private_bases(ids)
 
     @st.composite
     def build(draw):
         uuid = draw(st.sampled_from(tuple(ids)))
         n = draw(st.sampled_from(lengths))
         segs = () if prompts == "private" else draw(st.lists(st.sampled_from((0, 1, 2)), max_size=3))
-        return make_request(uuid, n, draw(st.integers(0, max_output)), segs, prompts)
+        return make_request(uuid, n, draw(st.integers(0, max_output)), segs, prompts, bases[uuid])
 
     return build()
 
@@ -509,7 +533,7 @@ def _build_machine_class():
                 segs = () if cls.prompts == "private" else data.draw(
                     st.lists(st.sampled_from((0, 1, 2)), max_size=3), label="segments")
                 step["request"] = make_request(uuid, n, data.draw(st.integers(0, 4), label="max_output_tokens"),
-                                               segs, cls.prompts)
+                                               segs, cls.prompts, private_bases(cls.request_ids)[uuid])
             if op == "reserve_destination" and not data.draw(st.booleans(), label="allow_destination_admission"):
                 step["allow_destination_admission"] = False
             self._step(step)

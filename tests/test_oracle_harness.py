@@ -207,3 +207,18 @@ def test_the_plain_engine_refuses_other_engines_and_passes():
     assert "pass" not in eng.supported_ops and "retry" in eng.supported_ops
     with pytest.raises(ValueError):
         PlainHandoffEngine("not-a-bug")
+
+
+def test_private_prompts_of_one_universe_never_share_a_token():
+    """HARN-2: r16 and r68 fall in the same crc32 bucket (both 4,111,000); within a universe the
+    later one takes the next free bucket, so the two ids' private prompts share no token."""
+    from model.testing import _private_base, make_request, private_bases
+
+    assert _private_base("r16") == _private_base("r68")
+    bases = private_bases(["r16", "r68", "r16"])
+    assert bases == {"r16": _private_base("r16"), "r68": _private_base("r16") + 1000}
+    a = make_request("r16", 40, 1, prompts="private", base=bases["r16"])["tokens"]
+    b = make_request("r68", 40, 1, prompts="private", base=bases["r68"])["tokens"]
+    assert not set(a) & set(b)
+    ids = [f"r{i}" for i in range(4000)]
+    assert len(set(private_bases(ids).values())) == 4000

@@ -311,6 +311,8 @@ BAD = [
      "line 2: effects.error=5: must be the error kind"),
     (lambda o: (o[1]["effects"].pop("result"), o[1]["effects"].update(error="")),
      "line 2: effects.error='': must be the error kind"),
+    # the request's uuid is required (it may be null), as the schema says
+    (lambda o: o[1]["request"].pop("uuid"), "line 2: request.uuid=null: missing"),
 ]
 
 
@@ -326,9 +328,14 @@ def test_malformed_traces_name_line_field_and_value(mutate, message):
 
 
 def test_not_json_and_empty():
-    """STEP-1 / STEP-9."""
+    """STEP-1 / STEP-9: NaN and Infinity are not JSON either."""
     with pytest.raises(S.BadTrace, match=r"^line 2: json="):
         S.parse_trace_text(_lines(recorded()[:1]) + "{nope\n")
+    objs = recorded()
+    text = _lines(objs).replace('"now_ms":0.0', '"now_ms":NaN', 1)
+    assert "NaN" in text
+    with pytest.raises(S.BadTrace, match=r"json=.*NaN is not JSON"):
+        S.parse_trace_text(text)
     with pytest.raises(S.BadTrace, match="the trace is empty"):
         S.parse_trace_text("\n\n")
 
