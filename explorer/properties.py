@@ -120,7 +120,7 @@ def drained_pool_free(core) -> Optional[str]:
 
 
 def source_phase(core, handoff: str, request_id: str, issued: bool) -> str:
-    """MC-41: the source-side lifecycle phase of one handoff (spec/handoff-lifecycle.md §6.1)."""
+    """MC-41: the source-side lifecycle phase of one handoff (spec/handoff-lifecycle.md §2, SRC)."""
     if not issued:
         return "S_unissued"
     src = core.ledger.source_holds
@@ -135,8 +135,9 @@ def source_phase(core, handoff: str, request_id: str, issued: bool) -> str:
 
 
 def destination_phase(core, handoff: str, request_id: str, issued: bool) -> str:
-    """MC-41: the destination-side lifecycle phase of one handoff (§6.2), with the vLLM
-    sub-state of an active destination (waiting / running / preempted)."""
+    """MC-41: the destination-side lifecycle phase of one handoff (spec/handoff-lifecycle.md §3-§5:
+    DST, ACT, PEND), with the vLLM sub-state of an active destination (waiting / running /
+    preempted)."""
     if not issued:
         return "D_unissued"
     led = core.ledger

@@ -131,10 +131,16 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
         ok = out is not None and out.end_ms < out.now_ms
         return result(ok, "" if out is None else f"end_ms {out.end_ms}, now_ms {out.now_ms}")
     if kind == "rejected_changed_state":
-        before = rep.cores[-2] if len(rep.cores) > 1 else None
-        ok = out is not None and out.rejected is not None and before is not None and \
-            node_key(before, 0) != node_key(last, 0)
-        return result(ok, "" if out is None else out.label)
+        # MC-13: the core the last command is rejected on, keyed from scratch before and after it
+        # (a rejection returns that same core, so only a change made in place can show)
+        if out is None or out.rejected is None:
+            return result(False, "the last step was not rejected" if out is not None else "no step")
+        prefix = replay_steps(scenario, steps[:-1])
+        core = prefix.cores[-1]
+        key_before = node_key(core, 0, fresh=True)
+        fire(core, scenario.actions[[a.name for a in scenario.actions].index(steps[-1])], scenario.now_ms)
+        ok = node_key(core, 0, fresh=True) != key_before
+        return result(ok, out.label)
     if kind == "progress_without_change":
         ok = (out is not None and out.progress and len(rep.cores) > 1
               and node_key(rep.cores[-2], rep.fired[-2]) == node_key(last, fired))

@@ -222,13 +222,34 @@ class Scenario:
 MAX_PROMPT_TOKENS = 100_000
 
 
-def _segment_base(name: str) -> int:
-    return 100_000_000 + (zlib.crc32(name.encode("utf-8")) % 20_000) * 100_000
+#: SCN-3: private prompts take (index + 1) * 1,000,000 onwards, so at most this many requests keep
+#: below the segment range, which starts at 2,100,000,000 (20,000 names of 100,000 tokens each)
+MAX_REQUESTS = 2_099
+_SEGMENT_BUCKETS = 20_000
 
 
-def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int, ...]:
+def _segment_base(name: str, taken: Optional[Dict[str, int]] = None) -> int:
+    """SCN-3: the first token of a segment name: its crc32 bucket, or, when another name of the
+    same scenario (``taken``, filled in first-appearance order) holds it, the next free one, so
+    different names never share a token."""
+    bucket = zlib.crc32(name.encode("utf-8")) % _SEGMENT_BUCKETS
+    if taken is not None:
+        if name in taken:
+            return taken[name]
+        used = set(taken.values())
+        if len(used) >= _SEGMENT_BUCKETS:
+            raise ScenarioError(f"at most {_SEGMENT_BUCKETS} segment names")
+        while 2_100_000_000 + bucket * 100_000 in used:
+            bucket = (bucket + 1) % _SEGMENT_BUCKETS
+        taken[name] = 2_100_000_000 + bucket * 100_000
+    return 2_100_000_000 + bucket * 100_000
+
+
+def request_tokens(index: int, spec: Mapping[str, Any], where: str,
+                   segment_bases: Optional[Dict[str, int]] = None) -> Tuple[int, ...]:
     """SCN-3: a request's prompt: explicit ``tokens``, named ``segments`` (equal names give equal
-    tokens across requests: prefix sharing), or ``prompt_len`` tokens unique to the request."""
+    tokens across requests: prefix sharing; ``segment_bases`` keeps a scenario's names apart), or
+    ``prompt_len`` tokens unique to the request."""
     given = [k for k in ("tokens", "segments", "prompt_len") if k in spec]
     if len(given) != 1:
         raise ScenarioError(f"{where}: give exactly one of tokens, segments, prompt_len (got {given or 'none'})")
@@ -249,10 +270,12 @@ def request_tokens(index: int, spec: Mapping[str, Any], where: str) -> Tuple[int
             if len(out) + seg[1] > MAX_PROMPT_TOKENS:
                 raise ScenarioError(f"{where}: segments={segs!r}: the prompt may have at most "
                                     f"{MAX_PROMPT_TOKENS} tokens")
-            base = _segment_base(seg[0])
+            base = _segment_base(seg[0], segment_bases)
             out.extend(base + j for j in range(seg[1]))
         return tuple(out)
     n = spec["prompt_len"]
+    if index >= MAX_REQUESTS:
+        raise ScenarioError(f"{where}: a scenario may issue at most {MAX_REQUESTS} requests")
     if not _is_int(n) or n < 0:
         raise ScenarioError(f"{where}: prompt_len must be an integer >= 0")
     if n > MAX_PROMPT_TOKENS:
@@ -320,6 +343,8 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     if not isinstance(obj, Mapping):
         raise ScenarioError("a scenario is a JSON/TOML object")
     _check_keys(obj, _TOP_KEYS, "scenario")
+    if "$schema" in obj and not isinstance(obj["$schema"], str):
+        raise ScenarioError("scenario.$schema must be a string (a reference to the JSON Schema; it is not read)")
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         raise ScenarioError("scenario.name must be a non-empty string")
@@ -338,6 +363,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         raise ScenarioError("scenario.requests must be a list")
     requests: List[RequestSpec] = []
     seen_ids: set = set()
+    segment_bases: Dict[str, int] = {}  # SCN-3: this scenario's segment names, kept apart
     seen_handoffs = set()
     for i, (where, r) in enumerate(_objects(raw_reqs, "requests", _REQ_KEYS)):
         rid = _new_name(r, "id", where, seen_ids, "request id")
@@ -358,7 +384,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
         if not _is_int(mot) or mot < 0:
             raise ScenarioError(f"{where}.max_output_tokens must be an integer >= 0")
         requests.append(
-            RequestSpec(rid, role, request_tokens(i, r, where), mot, handoff,
+            RequestSpec(rid, role, request_tokens(i, r, where, segment_bases), mot, handoff,
                         _bool(r, "allow_destination_admission", True, where))
         )
 
@@ -443,6 +469,10 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
                     raise ScenarioError(f"{where}.request.id must be a non-empty string")
                 like = req.get("like")
                 if like is not None:
+                    given = [k for k in ("tokens", "segments", "prompt_len") if k in req]
+                    if given:
+                        raise ScenarioError(f"{where}.request: like takes its prompt from {like!r}; "
+                                            f"drop {given[0]}")
                     if like not in by_id:
                         raise ScenarioError(f"{where}.request.like names unknown request {like!r}")
                     base = by_id[like]
@@ -450,15 +480,19 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
                     mot = req.get("max_output_tokens", base.max_output_tokens)
                     owner = like
                 else:
-                    toks = request_tokens(len(requests) + i, req, f"{where}.request")
+                    toks = request_tokens(len(requests) + i, req, f"{where}.request", segment_bases)
                     mot = req.get("max_output_tokens")
                 if not _is_int(mot) or mot < 0:
                     raise ScenarioError(f"{where}.request.max_output_tokens must be an integer >= 0")
                 request = DirectRequest(toks, mot, rid)
             else:
                 raise ScenarioError(f"{where}.request must name a request or describe one")
+        elif "request" in a:
+            raise ScenarioError(f"{where}.request: a {kind} action issues no request")
         if kind not in ("pass", "retry", "submit") and not isinstance(handoff, str):
             raise ScenarioError(f"{where}: a {kind} action needs a handoff id")
+        if kind in ("pass", "retry", "submit") and handoff is not None:
+            raise ScenarioError(f"{where}.handoff: a {kind} action takes no handoff id")
         cooperative = _bool(a, "cooperative", False, where)
         default_once = kind in ("submit", "submit_prefill", "reserve")
         nm = a.get("name") or _default_name(kind, handoff, request)
@@ -499,8 +533,10 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
     kind = raw_expect.get("kind")
     if kind is not None and kind not in VIOLATION_KINDS:
         raise ScenarioError(f"expect.kind must be one of {VIOLATION_KINDS}")
-    if verdict == "violation" and kind is None:
-        raise ScenarioError("expect.kind is required when expect.verdict is violation")
+    if verdict in ("violation", "unreachable") and kind is None:
+        raise ScenarioError(f"expect.kind is required when expect.verdict is {verdict}")
+    if verdict == "clean" and kind is not None:
+        raise ScenarioError("expect.kind is only for the violation and unreachable verdicts")
     max_steps = raw_expect.get("max_steps")
     if max_steps is not None and (not _is_int(max_steps) or max_steps < 0):
         raise ScenarioError("expect.max_steps must be an integer >= 0")

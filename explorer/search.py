@@ -255,12 +255,15 @@ def _explore(scenario, sym, max_states, max_depth, progress, stop, liveness) -> 
         _reach(exp, exp)
         return exp
     reduced = _run(scenario, sym, max_states, max_depth, progress, stop, safety=True, liveness=False)
-    if (liveness or scenario.sometimes or scenario.eventually or scenario.never) and reduced.truncated_by != "stop":
-        full = _run(scenario, None, max_states, max_depth, progress, None, safety=False, liveness=liveness)
+    # liveness is skipped after a stop, as without symmetry; the goals are always answered, on the
+    # unreduced graph (MC-4, MC-34..MC-36)
+    live = liveness and reduced.truncated_by != "stop"
+    if live or scenario.sometimes or scenario.eventually or scenario.never:
+        full = _run(scenario, None, max_states, max_depth, progress, None, safety=False, liveness=live)
         for v in full.violations:
             reduced.violations.append(_transplant(v, full, reduced))
         reduced.liveness_checked = full.liveness_checked
-        if liveness:  # otherwise the unreduced run served the goals only
+        if live:  # otherwise the unreduced run served the goals only
             reduced.liveness_states = full.num_states
         reduced.elapsed_s += full.elapsed_s
         reduced.liveness_graph = full

@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from explorer import explore, load_scenario, scenario_from_dict
+from explorer.scenario import ScenarioError
 from explorer import actions as A
 from explorer import outputs
 from explorer import properties as P
@@ -169,6 +170,15 @@ def test_mc13_catches_a_rejection_that_changed_the_core_in_place(monkeypatch, sy
     exp = explore(sc, symmetry=symmetry, stop_on="rejected_changed_state")
     v = exp.violation("rejected_changed_state")
     assert v is not None and "was rejected (" in v.message and "but the core changed" in v.message
+    # MC-46: the counterexample reproduces (as its generated pytest module checks), and only with
+    # the broken command
+    from explorer.outputs import step_names
+    from explorer.replay import reproduce
+
+    steps = step_names(exp, v)
+    assert reproduce(sc, steps, "rejected_changed_state").reproduced
+    monkeypatch.setattr(C, "apply_command_effects", real)
+    assert not reproduce(sc, steps, "rejected_changed_state").reproduced
 
 
 def test_mc14_catches_a_pass_that_ends_before_it_starts(monkeypatch):
@@ -235,3 +245,55 @@ def test_generic_key_abstracts_only_the_generation():
     bumped = attrs.evolve(core, ledger=core.ledger.bump_generation())
     assert _generic_key(core) == _generic_key(bumped)
     assert canonical_key(core) == canonical_key(bumped)
+
+
+@pytest.mark.parametrize("symmetry", [False, True])
+def test_goals_are_answered_when_the_search_stops_at_a_violation(symmetry):
+    """MC-4, MC-34, MC-36: a search that stops at its first violation still answers the goals, with
+    symmetry as without it: B's destination is reserved one step in, so the never goal is a
+    forbidden_state violation and the sometimes goal is reached."""
+    raw = _raw(LIB / "known-defects" / "s1-fifo-tombstone-revival.json")
+    raw["never"] = [{"name": "b-reserved", "phases": {"B": "D_reserved"}}]
+    raw["sometimes"] = [{"name": "b-reserved-too", "phases": {"B": "D_reserved"}}]
+    exp = explore(scenario_from_dict(raw), symmetry=symmetry, stop_at_first=True)
+    assert exp.truncated_by == "stop"
+    forbidden = exp.violation("forbidden_state")
+    assert forbidden is not None and forbidden.length == 1
+    assert [r.reached for r in exp.goals] == [True]
+
+
+def test_scn1_bad_input_the_loader_used_to_let_through():
+    """SCN-1, SCN-2, SCN-4, SCN-9: each of these is an error naming the field, not silently dropped."""
+    base = {"name": "x", "engine": {"engine_type": "vllm", "num_gpu_blocks": 4},
+            "requests": [{"id": "A", "prompt_len": 4, "max_output_tokens": 1}]}
+    bad = [
+        (dict(base, **{"$schema": 5}), r"\$schema must be a string"),
+        (dict(base, actions=[{"kind": "submit", "request": {"id": "B", "like": "A", "prompt_len": 3}}]),
+         "like takes its prompt from 'A'"),
+        (dict(base, actions=[{"kind": "pass", "request": "A"}]), "a pass action issues no request"),
+        (dict(base, actions=[{"kind": "cancel_source", "handoff": "h", "request": "Z"}]),
+         "a cancel_source action issues no request"),
+        (dict(base, actions=[{"kind": "retry", "handoff": "h"}]), "a retry action takes no handoff id"),
+        (dict(base, expect={"verdict": "clean", "kind": "deadlock"}), "expect.kind is only for"),
+        (dict(base, expect={"verdict": "unreachable"}), "expect.kind is required when expect.verdict is unreachable"),
+    ]
+    for raw, message in bad:
+        with pytest.raises(ScenarioError, match=message):
+            scenario_from_dict(raw)
+
+
+def test_scn3_segment_names_and_private_prompts_never_share_tokens():
+    """SCN-3: "fx" and "jc" fall in the same crc32 bucket; within a scenario the later name takes
+    the next free one. Private prompts stay below the segment range."""
+    import zlib
+
+    assert zlib.crc32(b"fx") % 20_000 == zlib.crc32(b"jc") % 20_000
+    sc = scenario_from_dict({"name": "x", "engine": {"engine_type": "vllm", "num_gpu_blocks": 4},
+                             "requests": [{"id": "A", "segments": [["fx", 4]], "max_output_tokens": 1},
+                                          {"id": "B", "segments": [["jc", 4]], "max_output_tokens": 1},
+                                          {"id": "C", "segments": [["fx", 2]], "max_output_tokens": 1}]})
+    a, b, c = (r.tokens for r in sc.requests)
+    assert not set(a) & set(b) and c == a[:2]
+    from explorer.scenario import MAX_PROMPT_TOKENS, MAX_REQUESTS
+
+    assert MAX_REQUESTS * 1_000_000 + MAX_PROMPT_TOKENS <= 2_100_000_000 < min(a)
