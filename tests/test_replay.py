@@ -1624,3 +1624,35 @@ def test_synthetic_workload_is_built_between_the_binding_and_the_mode_checks(job
 
     outcome = model_outcome(job)
     assert (outcome.status, outcome.message) == ("error", message)
+
+
+def test_silent_steps_that_cannot_be_recorded_still_meet_the_budget(monkeypatch):
+    """LIVE-4, LIVE-7: watched clock steps that emit and complete nothing but are never recordable
+    (here: activity on every step, several pending events) count towards the budget too, so such a
+    run stops as a suspected livelock instead of spinning; an emission or an arrival to come resets
+    the count."""
+    import model.replay.livelock as L
+
+    monkeypatch.setattr(L, "STEP_BUDGET", 50)
+
+    class Events:
+        def only_event(self):
+            return None
+
+        def quiet_completions(self):
+            return None
+
+    watch = L.TimedWatch()
+    for i in range(49):
+        watch.note_activity()  # a zero-duration pass, say: not a quiet step
+        assert watch.step(Events(), True, lambda: True) is None
+    watch.note_emission()
+    assert watch.step(Events(), True, lambda: True) is None  # an emission resets the count
+    for i in range(49):
+        watch.note_activity()
+        assert watch.step(Events(), True, lambda: True) is None
+    assert watch.step(Events(), False, lambda: True) is None  # an arrival to come resets it too
+    steps = [watch.step(Events(), True, lambda: True) for _ in range(50)]
+    assert steps[:-1] == [None] * 49
+    det, one, pending, admitted = steps[-1]
+    assert det.observe(lambda: None, 0.0) == (-1, 0.0)

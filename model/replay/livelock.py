@@ -248,6 +248,17 @@ class TimedCycleDetector:
         return None
 
 
+class _BudgetSpent:
+    """LIVE-4: stands in for a detector once ``TimedWatch`` has seen its budget of silent steps:
+    ``observe`` reports the budget spent, as a detector does."""
+
+    def __init__(self, admitted) -> None:
+        self.admitted = list(dict.fromkeys(admitted))
+
+    def observe(self, key_fn, now_ms: float, admitted=()) -> Tuple[int, float]:
+        return -1, 0.0
+
+
 class TimedWatch:
     """LIVE-7 bookkeeping shared by the event-loop and disaggregated runtimes.
 
@@ -266,6 +277,9 @@ class TimedWatch:
         self.admitted: List[str] = []
         self.one = TimedCycleDetector()  # exactly one pending event
         self.several = TimedCycleDetector()  # several, all quiet completions
+        #: LIVE-4: consecutive watched clock steps that emitted and completed nothing, recordable
+        #: or not (a run whose steps are never recordable would otherwise spin forever)
+        self.silent_steps = 0
 
     def note_activity(self) -> None:
         self.activity += 1
@@ -296,7 +310,11 @@ class TimedWatch:
         if not watching:
             self.one.reset()
             self.several.reset()
+            self.silent_steps = 0
             return None
+        self.silent_steps = self.silent_steps + 1 if silent else 0
+        if self.silent_steps >= STEP_BUDGET:  # LIVE-4: a suspected livelock, whatever the regime
+            return _BudgetSpent(admitted), events.only_event(), events.quiet_completions(), admitted
         one = events.only_event() if silent else None
         pending = None
         if quiet and one is None:
