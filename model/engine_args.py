@@ -27,7 +27,7 @@ from typing import Any, Mapping, Optional, Sequence
 import attrs
 
 from model.errors import InvalidInput, rust_display
-from model.rustlib import RUST_WHITESPACE, rust_parse_f64, serde_json_number
+from model.rustlib import RUST_WHITESPACE, rust_debug_str, rust_parse_f64, serde_json_number
 
 # ---------------------------------------------------------------------------
 # Enumerations (ARGS-3)
@@ -162,28 +162,6 @@ def _missing_arguments_text(owner: str, missing: Sequence[str]) -> str:
         f"{quoted[0]} and {quoted[1]}" if len(quoted) == 2 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}")
     plural = "argument" if len(missing) == 1 else "arguments"
     return f"{_NESTED_CLASSES[owner]}.__new__() missing {len(missing)} required positional {plural}: {listed}"
-
-
-def _rust_debug_str(text: str) -> str:
-    """ARGS-20: a string as Rust's ``{:?}`` writes it (quotes, backslash escapes, ``\\u{..}`` for
-    other control characters)."""
-    out = []
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\0":
-            out.append("\\0")
-        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
-            out.append(f"\\u{{{ord(ch):x}}}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
 
 
 def _struct_rule(field: str, value: Any, text: str, rule: str) -> InvalidInput:
@@ -833,7 +811,7 @@ def _normalize_accept_rates(nextn: int, rates: Optional[str]) -> None:
         except ValueError:
             why = "cannot parse float from empty string" if not text else "invalid float literal"
             raise _normalization_error("aic_nextn_accept_rates", rates, "invalid aic_nextn_accept_rates value "
-                                       f"{_rust_debug_str(part)}: {why}", "ARGS-10") from None
+                                       f"{rust_debug_str(part)}: {why}", "ARGS-10") from None
     for index, rate in enumerate(parsed):  # entries past aic_nextn included (upstream drops them after)
         if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
             raise _normalization_error("aic_nextn_accept_rates", rates, f"aic_nextn_accept_rates[{index}] must be "
@@ -939,7 +917,7 @@ def _enum(key: str, value: Any, dialect: str) -> Any:
     try:
         return _parse_enum(key, value, enum_cls, case_insensitive)
     except InvalidInput as err:
-        text = _ENUM_TEXTS[(key, dialect)].format(v=value, d=_rust_debug_str(value))
+        text = _ENUM_TEXTS[(key, dialect)].format(v=value, d=rust_debug_str(value))
         raise InvalidInput(err.field, err.value, text, rule=err.rule, detail=err.reason) from None
 
 

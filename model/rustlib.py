@@ -6,6 +6,7 @@ parser (spec/engine-args.md ARGS-10):
 * :data:`RUST_WHITESPACE`: the characters ``str::trim`` removes (Unicode ``White_Space``);
   Python's ``str.strip()`` also removes U+001C..U+001F.
 * :func:`rust_parse_f64`: ``f64::from_str``.
+* :func:`rust_debug_str`: a string as ``{:?}`` writes it.
 * :func:`serde_json_number`: how serde_json (default features, no ``float_roundtrip``) reads a
   JSON number literal: an unsigned or signed integer when one fits, else an f64 computed as an
   integer significand times or divided by a power of ten, which is not always correctly rounded.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["RUST_WHITESPACE", "rust_parse_f64", "serde_json_number", "has_lone_surrogate"]
+__all__ = ["RUST_WHITESPACE", "rust_debug_str", "rust_parse_f64", "serde_json_number", "has_lone_surrogate"]
 
 #: Rust's ``char::is_whitespace`` (Unicode White_Space), what ``str::trim`` removes
 RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
@@ -25,6 +26,23 @@ RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\
 #: ``f64::from_str``: a sign, then inf / infinity / nan (any case) or ASCII digits with an
 #: optional point and exponent; no blanks, underscores, hex or other digits
 _RUST_F64 = re.compile(r"[+-]?(?:inf|infinity|nan|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)", re.IGNORECASE)
+
+
+_DEBUG_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\0": "\\0"}
+
+
+def rust_debug_str(text: str) -> str:
+    """A string as Rust's ``{:?}`` writes it: quoted, with backslash escapes, and ``\\u{..}`` for
+    the other control characters (spec/engine-args.md ARGS-20)."""
+    out = []
+    for ch in text:
+        if ch in _DEBUG_ESCAPES:
+            out.append(_DEBUG_ESCAPES[ch])
+        elif ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
+            out.append(f"\\u{{{ord(ch):x}}}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
 
 
 def rust_parse_f64(text: str) -> float:
