@@ -698,20 +698,20 @@ def _check_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
             if dialect == "json":
                 raise InvalidInput(field, value, "invalid type: boolean, expected f64", rule="ARGS-13")
             value = float(value)
+        # JSON: the text serde_json reads is Python's (dynamo.replay's CLI loads the file and dumps
+        # it again for from_json), and serde_json values it its own way (not correctly rounded: an
+        # integer past u64, or a 17-digit repr, can land 1 ulp away)
         if isinstance(value, int):
             try:
-                # JSON: serde_json reads the integer's text (an f64 past u64 is not correctly rounded)
-                value = float(serde_json_number(str(value)) if dialect == "json" else value)
+                return float(serde_json_number(str(value)) if dialect == "json" else value)
             except (OverflowError, ValueError):
                 raise InvalidInput(field, value, "number out of range for f64", rule="ARGS-13") from None
         if not isinstance(value, float):
             raise InvalidInput(field, value, "invalid type, expected f64", rule="ARGS-13")
-        if not math.isfinite(value) and dialect == "json":  # serde refuses the token where it stands
-            raise InvalidInput(field, value, "must be a finite number", rule="ARGS-5")
         if dialect == "json":
-            # the JSON text is Python's (dynamo.replay's CLI loads the file and dumps it again for
-            # from_json), which serde_json values its own way: a 17-digit repr can move 1 ulp
-            value = float(serde_json_number(repr(value)))
+            if not math.isfinite(value):  # serde refuses the token where it stands
+                raise InvalidInput(field, value, "must be a finite number", rule="ARGS-5")
+            return float(serde_json_number(repr(value)))
         return value  # the constructor takes it; the model refuses it last (ARGS-5)
     if kind == _BOOL:
         if not isinstance(value, bool):
@@ -816,7 +816,6 @@ def _normalize_accept_rates(nextn: int, rates: Optional[str]) -> None:
         if not (math.isfinite(rate) and 0.0 <= rate <= 1.0):
             raise _normalization_error("aic_nextn_accept_rates", rates, f"aic_nextn_accept_rates[{index}] must be "
                                        f"finite and in [0, 1], got {rust_display(rate)}", "ARGS-10")
-
 
 
 

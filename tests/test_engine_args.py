@@ -823,3 +823,14 @@ def test_refusals_carry_the_builds_text(kwargs, text):
     with pytest.raises(InvalidInput) as info:
         engine_args_from_json(kwargs, dialect="kwargs")
     assert info.value.reason == text
+
+
+def test_json_dialect_integers_for_floats_are_read_once_from_their_text():
+    """ARGS-13: an integer given for an f64 reaches serde as its own digits: 4567306425310660689501048
+    keeps the significand 4567306425310660689 (the next digit would pass u64) times 10^6, here
+    the correctly rounded 4.5673064253106604e24. Reading that float's shortest repr
+    (4.5673064253106604e+24, a 17-digit significand above 2^53) once more would land 1 ulp higher."""
+    v = 4567306425310660689501048
+    got = engine_args_from_json({"speedup_ratio": v}).speedup_ratio
+    assert got == float(4567306425310660689) * 1e6 == float(v)
+    assert got != 4.567306425310661e24
