@@ -138,7 +138,7 @@ def reproduce(scenario, steps: Sequence[str], kind: str, name: str = "", loop: O
         prefix = replay_steps(scenario, steps[:-1])
         core = prefix.cores[-1]
         key_before = node_key(core, 0, fresh=True)
-        fire(core, scenario.actions[[a.name for a in scenario.actions].index(steps[-1])], scenario.now_ms)
+        fire(core, scenario.action(steps[-1]), scenario.now_ms)
         ok = node_key(core, 0, fresh=True) != key_before
         return result(ok, out.label)
     if kind == "progress_without_change":

@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from model.engine_args import engine_args_from_json
+from model.engine_args import engine_args_from_json, pyo3_conversion_text
 from model.errors import InvalidInput, UpstreamPanic
 from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
 from model.replay import (ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_binding_arguments,
@@ -322,34 +322,23 @@ def binding_value(name: str, value: Any) -> Any:
     accepted where a float is due; nothing else converts.
     """
     kind = _ARG_KINDS[name]
-    tname = type(value).__name__
     if kind in ("usize", "isize"):
         if isinstance(value, bool):
             return int(value)
-        if not isinstance(value, int):
-            raise InvalidInput(name, value, f"argument '{name}': '{tname}' object cannot be interpreted as an integer",
-                               rule="DRV-19")
-        if kind == "isize":
-            if not _ISIZE_MIN <= value <= _ISIZE_MAX:
-                raise InvalidInput(name, value, "Python int too large to convert to C long", rule="DRV-19")
-        elif value < 0:
-            raise InvalidInput(name, value, "can't convert negative int to unsigned", rule="DRV-19")
-        elif value > _USIZE_MAX:
-            raise InvalidInput(name, value, "int too big to convert", rule="DRV-19")
-        return value
-    if kind == "f64":
+        low, high = (_ISIZE_MIN, _ISIZE_MAX) if kind == "isize" else (0, _USIZE_MAX)
+        if isinstance(value, int) and low <= value <= high:
+            return value
+    elif kind == "f64":
         if isinstance(value, (bool, int)):
             try:
                 return float(value)
             except OverflowError:
-                raise InvalidInput(name, value, "int too large to convert to float", rule="DRV-19") from None
-        if not isinstance(value, float):
-            raise InvalidInput(name, value, f"argument '{name}': must be real number, not {tname}", rule="DRV-19")
+                pass
+        elif isinstance(value, float):
+            return value
+    elif isinstance(value, str):
         return value
-    if not isinstance(value, str):
-        raise InvalidInput(name, value, f"argument '{name}': '{tname}' object cannot be converted to 'PyString'",
-                           rule="DRV-19")
-    return value
+    raise InvalidInput(name, value, pyo3_conversion_text(name, value, kind), rule="DRV-19")
 
 
 def binding_arguments(job: Mapping[str, Any]) -> Dict[str, Any]:
@@ -613,10 +602,8 @@ def refused_argument(message: str) -> Optional[str]:
     return None
 
 
-#: FID-10: the compiled build's trace-file refusals quote the file's path, which is where the case
-#: was recorded (loadgen/trace.rs:193-197, 303-305)
-#: FID-10: a trace line the reference could not parse, or could not read (invalid UTF-8, WL-3); both
-#: quote the file's path
+#: FID-10: a trace line the reference could not parse, or could not read (invalid UTF-8, WL-3); the
+#: texts quote the file's path, which is where the case was recorded (loadgen/trace.rs:181-199)
 _TRACE_LINE_REFUSAL = re.compile(r"^failed to (?:parse line (\d+) from .+ as JSON|read line (\d+) from .+)$")
 #: FID-10: a panic on a validation failure names the field (a vLLM ``block_size`` of 1: the
 #: sequence's validator, sequence.rs:58,109; the model refuses it, SEQ-3)

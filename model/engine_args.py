@@ -122,10 +122,16 @@ _NESTED_CLASSES = {"sglang": "SglangArgs", "trtllm": "TrtllmArgs", "reasoning": 
 _VALIDATION_PREFIX = {"kwargs": "Failed to normalize MockEngineArgs: ", "json": "Failed to parse MockEngineArgs JSON: "}
 
 
-def _pyo3_conversion_text(param: str, value: Any, kind: str) -> str:
-    """ARGS-20: PyO3's refusal of ``value`` for a parameter of Rust type ``kind``. A TypeError names
-    the argument; an OverflowError (a Python int out of the type's range) does not."""
+def pyo3_conversion_text(param: str, value: Any, kind: str) -> str:
+    """ARGS-20, DRV-19: PyO3's refusal of ``value`` for a parameter of Rust type ``kind`` (``usize``,
+    ``u64``, ``u32``, ``u16``, ``isize``, ``f64``, ``bool``, ``str``, ``path`` or a nested class's
+    field). A TypeError names the argument; an OverflowError (a Python int out of the type's
+    range) does not."""
     tname = type(value).__name__
+    if kind == "isize":  # through a C long
+        if isinstance(value, int):
+            return "Python int too large to convert to C long"
+        return f"argument '{param}': '{tname}' object cannot be interpreted as an integer"
     if kind in (_USIZE, _U64):  # PyLong_AsUnsignedLongLong after operator.index
         if isinstance(value, int):
             return "can't convert negative int to unsigned" if value < 0 else "int too big to convert"
@@ -675,7 +681,7 @@ def _parse_scalar(field: str, value: Any, kind: str, dialect: str) -> Any:
     except InvalidInput as err:
         if dialect != "kwargs" or err.rule != "ARGS-13":
             raise
-        raise InvalidInput(field, value, _pyo3_conversion_text(field.split(".")[-1], value, kind), rule="ARGS-13",
+        raise InvalidInput(field, value, pyo3_conversion_text(field.split(".")[-1], value, kind), rule="ARGS-13",
                            detail=err.reason) from None
 
 
@@ -739,7 +745,7 @@ def _parse_nested(field: str, value: Any, fields: tuple[tuple[str, str], ...], d
     if not isinstance(value, Mapping):
         reason = "invalid type, expected an object"
         if dialect == "kwargs":
-            raise InvalidInput(field, value, _pyo3_conversion_text(field, value, field), rule="ARGS-13", detail=reason)
+            raise InvalidInput(field, value, pyo3_conversion_text(field, value, field), rule="ARGS-13", detail=reason)
         raise InvalidInput(field, value, reason, rule="ARGS-13")
     if dialect == "kwargs":
         return _parse_nested_keywords(field, value, fields, required)
@@ -970,7 +976,7 @@ def _parse_nested_keywords(key: str, value: Mapping[Any, Any], members: tuple[tu
         item = value[name]
         if item is None:
             if required:
-                raise InvalidInput(f"{key}.{name}", item, _pyo3_conversion_text(name, None, kind), rule="ARGS-13",
+                raise InvalidInput(f"{key}.{name}", item, pyo3_conversion_text(name, None, kind), rule="ARGS-13",
                                    detail="must not be null")
             out[name] = None
         else:
@@ -1001,7 +1007,7 @@ def _read_constructor_keywords(obj: Mapping[Any, Any]) -> dict[str, Any]:
             values[key] = nested[key]
         elif value is None:
             if not nullable:
-                raise InvalidInput(key, None, _pyo3_conversion_text(key, None, kind), rule="ARGS-13",
+                raise InvalidInput(key, None, pyo3_conversion_text(key, None, kind), rule="ARGS-13",
                                    detail="must not be null")
             values[key] = None
         else:
