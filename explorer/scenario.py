@@ -24,6 +24,7 @@ from model.core import new_core
 from model.engine_args import EngineArgs, engine_args_from_json
 from model.errors import ModelError
 from model.protocol import DirectRequest
+from model.testing import claim_bucket
 
 
 class ScenarioError(ModelError):
@@ -228,20 +229,16 @@ MAX_REQUESTS = 2_099
 _SEGMENT_BUCKETS = 20_000
 
 
-def _segment_base(name: str, taken: Optional[Dict[str, int]] = None) -> int:
-    """SCN-3: the first token of a segment name: its crc32 bucket, or, when another name of the
-    same scenario (``taken``, filled in first-appearance order) holds it, the next free one, so
-    different names never share a token."""
-    bucket = zlib.crc32(name.encode("utf-8")) % _SEGMENT_BUCKETS
-    if taken is not None:
-        if name in taken:
-            return taken[name]
-        used = set(taken.values())
-        if len(used) >= _SEGMENT_BUCKETS:
-            raise ScenarioError(f"at most {_SEGMENT_BUCKETS} segment names")
-        while 2_100_000_000 + bucket * 100_000 in used:
-            bucket = (bucket + 1) % _SEGMENT_BUCKETS
-        taken[name] = 2_100_000_000 + bucket * 100_000
+def _segment_base(name: str, claimed: Optional[Dict[str, int]] = None) -> int:
+    """SCN-3: the first token of a segment name: its crc32 bucket, or, among the names of one
+    scenario (``claimed``), the next free one, so different names never share a token."""
+    if claimed is None:
+        bucket = zlib.crc32(name.encode("utf-8")) % _SEGMENT_BUCKETS
+    else:
+        try:
+            bucket = claim_bucket(name, claimed, _SEGMENT_BUCKETS)
+        except ValueError as exc:
+            raise ScenarioError(f"segments: {exc}") from None
     return 2_100_000_000 + bucket * 100_000
 
 

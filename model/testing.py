@@ -112,23 +112,28 @@ def _private_base(request_id: str) -> int:
     return 1_000_000 + (zlib.crc32(request_id.encode("utf-8")) % _PRIVATE_BUCKETS) * 1000
 
 
+def claim_bucket(name: str, claimed: Dict[str, int], buckets: int) -> int:
+    """The bucket of ``name`` among ``buckets``: its crc32 bucket, or, when a name claimed earlier
+    (``claimed``, filled in first-appearance order) holds it, the next free one; so no two names
+    of one set share a bucket. ``ValueError`` once every bucket is taken. Used for the harness's
+    private prompts (HARN-2) and the scenarios' segment names (SCN-3)."""
+    if name in claimed:
+        return claimed[name]
+    used = set(claimed.values())
+    if len(used) >= buckets:
+        raise ValueError(f"at most {buckets} names")
+    bucket = zlib.crc32(name.encode("utf-8")) % buckets
+    while bucket in used:
+        bucket = (bucket + 1) % buckets
+    claimed[name] = bucket
+    return bucket
+
+
 def private_bases(ids: Sequence[str]) -> Dict[str, int]:
-    """HARN-2: the first private token of each id of a universe: its crc32 bucket, or, when an
-    earlier id of the universe holds that bucket, the next free one, so that no two ids of one
-    universe share a private token (up to 4,000 ids)."""
-    if len(set(ids)) > _PRIVATE_BUCKETS:
-        raise ValueError(f"at most {_PRIVATE_BUCKETS} request ids")
-    taken: Dict[int, str] = {}
-    out: Dict[str, int] = {}
-    for rid in ids:
-        if rid in out:
-            continue
-        bucket = (_private_base(rid) - 1_000_000) // 1000
-        while bucket in taken:
-            bucket = (bucket + 1) % _PRIVATE_BUCKETS
-        taken[bucket] = rid
-        out[rid] = 1_000_000 + bucket * 1000
-    return out
+    """HARN-2: the first private token of each id of a universe (:func:`claim_bucket`), so that no
+    two ids of one universe share a private token (up to 4,000 ids)."""
+    claimed: Dict[str, int] = {}
+    return {rid: 1_000_000 + claim_bucket(rid, claimed, _PRIVATE_BUCKETS) * 1000 for rid in ids}
 
 
 def prompt_lengths(max_prompt: int) -> Tuple[int, ...]:
