@@ -8,8 +8,11 @@ Pure builders (:func:`summary`, :func:`steps_text`, :func:`itf_trace`,
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
+import shutil
+import tempfile
 from typing import Any, Dict, List, Optional
 
 from . import graphs
@@ -179,6 +182,7 @@ Scenario {sc.name!r}: {v.kind} ({v.name}), {len(names)} step(s).
 """
 
 import json
+import os
 
 from explorer.replay import reproduce
 
@@ -199,15 +203,46 @@ def test_{_ident(sc.name)}_{_ident(v.kind if v.kind != "sometimes" else "sometim
 
 def write_outputs(exp: Exploration, out_dir, formats) -> List[str]:
     """MC-47: write ``summary.json``, per violation ``<kind>.txt`` / ``.itf.json`` / ``test_*.py``,
-    and the graph exports in ``formats`` (state graph and one quotient per handoff)."""
+    and the graph exports in ``formats`` (state graph and one quotient per handoff).
+
+    All or nothing: the files are staged in a temporary directory inside ``out_dir`` and moved into
+    place only once every one is written; on a failure the staging directory goes, and so does
+    ``out_dir`` itself (with any parent) if this call created it.  Returns the written paths."""
     out = pathlib.Path(out_dir)
+    created = []
+    probe = out
+    while not probe.exists():
+        created.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
     out.mkdir(parents=True, exist_ok=True)
+    stage = pathlib.Path(tempfile.mkdtemp(prefix=".explore-", dir=out))
+    try:
+        names = _stage_outputs(exp, stage, formats)
+        written = []
+        for name in names:
+            os.replace(stage / name, out / name)
+            written.append(str(out / name))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for d in created:  # deepest first; only directories this call made, and only if empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+    stage.rmdir()
+    return written
+
+
+def _stage_outputs(exp: Exploration, out: pathlib.Path, formats) -> List[str]:
+    """The files of :func:`write_outputs`, written into ``out``; returns their names in order."""
     written: List[str] = []
 
     def put(name, text):
-        p = out / name
-        p.write_text(text, encoding="utf-8")
-        written.append(str(p))
+        (out / name).write_text(text, encoding="utf-8")
+        written.append(name)
 
     put("summary.json", json.dumps(summary(exp), indent=2) + "\n")
     stems = _distinct(f"{v.kind}-{_ident(v.name)}" if v.name != v.kind else v.kind for v in exp.violations)
@@ -226,9 +261,8 @@ def write_outputs(exp: Exploration, out_dir, formats) -> List[str]:
     if "dot" in formats:
         put("states.dot", graphs.to_dot(g))
     if "graphml" in formats:
-        p = out / "states.graphml"
-        graphs.write_graphml(g, p)
-        written.append(str(p))
+        graphs.write_graphml(g, out / "states.graphml")
+        written.append("states.graphml")
     if "json" in formats:
         put("states.json", json.dumps(graphs.to_node_link(g)) + "\n")
     if "mermaid" in formats:

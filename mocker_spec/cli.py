@@ -3,7 +3,8 @@
 Exit status: 0 ok, 1 a check found a problem (``diff``: the outputs differ) or the replay failed
 where upstream fails (an upstream error such as TIME-14's, or a state where upstream panics), 2 bad input (bad
 arguments and output paths included: one line on standard error naming the flag or field and its
-value, checked before anything runs; nothing is written), 3 the replay reached a dead end, 4 the replay entered a
+value, checked before anything runs; nothing is written; also a file that could not be written or
+read after those checks, such as on a full disk), 3 the replay reached a dead end, 4 the replay entered a
 livelock (where the compiled engine spins forever; a diagnosis is printed).
 """
 
@@ -583,6 +584,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     console = Console()
     try:
         return int(args.func(args, console) or 0)
+    except OSError as exc:
+        # a file the command had to write or read failed after the up-front checks (a full disk, a
+        # path that became unwritable, a mount that refuses what os.access allowed): one line, not
+        # a traceback; the writers are atomic, so nothing half-written stays
+        where = f"{exc.filename!r}: " if exc.filename is not None else ""
+        messages.error(f"{where}{exc.strerror or exc}")
+        return 2
     except KeyboardInterrupt:  # pragma: no cover
         print("interrupted", file=sys.stderr)
         return 130

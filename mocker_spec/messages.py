@@ -39,6 +39,16 @@ def _ancestor_problem(path: str) -> Optional[str]:
         return f"{probe!r} is not a directory"
     if probe and not os.access(probe, os.W_OK):
         return f"{probe!r} is not writable"
+    if probe:
+        # ``os.access`` answers yes to root almost everywhere (``/proc``, a read-only mount): a real
+        # file created and removed at once is the only sure probe, and it leaves nothing behind
+        import tempfile
+
+        try:
+            with tempfile.TemporaryFile(dir=probe):
+                pass
+        except OSError as exc:
+            return f"{probe!r} is not writable ({exc.strerror or exc})"
     return None
 
 

@@ -92,6 +92,10 @@ def cmd_vectors(args: argparse.Namespace, console: Console) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         messages.error(f"--out={args.out!r}: exists and is not an empty directory")
         return 2
+    problem = messages.output_dir_problem(args.out)
+    if problem:
+        messages.error(f"--out={args.out!r}: {problem}")
+        return 2
     root = Path(args.scenarios) if args.scenarios else V.default_scenario_root()
     if not root.is_dir():
         messages.error(f"--scenarios={str(root)!r}: not a directory")

@@ -440,6 +440,12 @@ def main(args, console) -> int:
             except CaseError as exc:
                 return err(f"--corpus={c!r}: {exc}")
         corpora.append((p.name, dirs))
+    from .messages import output_file_problem
+
+    for flag, path in (("--out", args.out), ("--json", args.json)):
+        problem = None if path is None else output_file_problem(path)
+        if problem:  # before the corpus runs, not after
+            return err(f"{flag}={path!r}: {problem}")
     if not Path(args.python).exists():
         return err(f"--python={args.python!r}: no such interpreter")
     probe, _ = run_161({"mode": "agg", "engine_args": {}, "trace_file": os.devnull}, args.python, 60.0)

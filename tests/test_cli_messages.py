@@ -375,3 +375,53 @@ def test_gen_cases_record_without_the_reference_is_refused_before_recording(tmp_
     assert main(["gen-cases", "--out", str(out), "--count", "2", "--record", "--jobs", "2"]) == 2
     assert "compiled reference is not installed" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _unwritable(monkeypatch):
+    """Every new file fails as on a mount that refuses writes although ``os.access`` allows them
+    (root on ``/proc`` or a read-only mount): the probe must create a file to find out."""
+    import tempfile
+
+    def refuse(*a, **k):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)
+
+
+@pytest.mark.parametrize("argv", [
+    ["explore", str(S7), "--no-progress", "--out", "{d}/out"],
+    ["replay", str(TRACE), "--no-progress", "--summary-json", "{d}/s.json"],
+    ["replay", str(TRACE), "--no-progress", "--report-jsonl", "{d}/r.jsonl"],
+    ["gen-cases", "--out", "{d}/cases", "--count", "1"],
+    ["vectors", "--out", "{d}/vec", "--no-progress"],
+    ["diff-161", "--corpus", str(TRACE.parents[1]), "--out", "{d}/r.md", "--python", "{d}/python"],
+])
+def test_an_output_path_that_cannot_take_a_file_is_refused_before_the_run(tmp_path, capsys, monkeypatch, argv):
+    # before: os.access said yes (as it does to root), the run went ahead and its first write
+    # ended in a traceback with exit status 1
+    _unwritable(monkeypatch)
+    argv = [a.replace("{d}", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    _one_error_line(capsys, "is not writable (Read-only file system)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_explore_outputs_are_all_or_nothing(tmp_path, capsys, monkeypatch):
+    """MC-47: a write that fails part-way leaves neither the files already written nor the
+    directories the run created; the failure is one line with exit status 2."""
+    from explorer import graphs
+
+    def broken(*a, **k):
+        raise OSError(28, "No space left on device", "states.mmd")
+
+    monkeypatch.setattr(graphs, "to_mermaid", broken)
+    out = tmp_path / "new" / "out"
+    assert main(["explore", str(S7), "--no-progress", "--out", str(out)]) == 2
+    _one_error_line(capsys, "'states.mmd': No space left on device")
+    assert list(tmp_path.iterdir()) == []
+    kept = tmp_path / "kept"  # an existing directory keeps what it held, and gets nothing new
+    kept.mkdir()
+    (kept / "mine.txt").write_text("x")
+    assert main(["explore", str(S7), "--no-progress", "--out", str(kept)]) == 2
+    capsys.readouterr()
+    assert [p.name for p in kept.iterdir()] == ["mine.txt"]
