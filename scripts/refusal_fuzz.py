@@ -299,8 +299,13 @@ def main(argv=None) -> int:
     kinds.add_argument("--text", action="store_true", help="spoil the trace's JSON text instead (txt-* cases)")
     ns = ap.parse_args(argv)
     from mocker_spec.formats import atomic_write_text
+    from mocker_spec.messages import output_dir_problem
     from mocker_spec.reference import record_case
 
+    problem = output_dir_problem(ns.out)
+    if problem:
+        print(f"refusal_fuzz: --out {ns.out!r}: {problem}", file=sys.stderr)
+        return 2
     out = Path(ns.out)
     for index in range(ns.start, ns.start + ns.count):
         case, lines, done = _text(ns.seed, index) if ns.text else spoil(ns.seed, index, odd=ns.odd)

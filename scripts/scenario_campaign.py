@@ -212,9 +212,13 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     out = pathlib.Path(a.out) if a.out else None
-    if out is not None and out.exists() and not out.is_dir():
-        print(f"scenario_campaign: --out {out} exists and is not a directory", file=sys.stderr)
-        return 2
+    if out is not None:
+        from mocker_spec.messages import output_dir_problem
+
+        problem = output_dir_problem(a.out)
+        if problem:
+            print(f"scenario_campaign: --out {out}: {problem}", file=sys.stderr)
+            return 2
 
     from rich.console import Console
     from rich.progress import Progress

@@ -71,3 +71,13 @@ def test_text_cases_spoil_the_json_text_from_their_own_stream(tmp_path):
     assert fuzz.main(["--out", str(tmp_path), "--text", "--seed", "19", "--start", "0", "--count", "40"]) == 0
     raw = b"".join((d / "trace.jsonl").read_bytes() for d in tmp_path.iterdir())
     assert b"\xff" in raw  # a bad-utf8 spoil among the first 40
+
+
+def test_an_output_that_cannot_be_a_directory_is_one_line_and_writes_nothing(tmp_path, capsys):
+    fuzz = load_script("refusal_fuzz")
+    f = tmp_path / "f"
+    f.write_text("")
+    assert fuzz.main(["--out", str(f / "cases"), "--count", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not a directory" in err
+    assert f.read_text() == "" and sorted(tmp_path.iterdir()) == [f]
