@@ -470,7 +470,7 @@ def scenario_from_dict(obj: Any, *, path: Optional[str] = None) -> Scenario:
                     if given:
                         raise ScenarioError(f"{where}.request: like takes its prompt from {like!r}; "
                                             f"drop {given[0]}")
-                    if like not in by_id:
+                    if not isinstance(like, str) or like not in by_id:  # a list would not even hash
                         raise ScenarioError(f"{where}.request.like names unknown request {like!r}")
                     base = by_id[like]
                     toks = base.tokens

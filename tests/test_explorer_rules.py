@@ -270,6 +270,9 @@ def test_scn1_bad_input_the_loader_used_to_let_through():
         (dict(base, **{"$schema": 5}), r"\$schema must be a string"),
         (dict(base, actions=[{"kind": "submit", "request": {"id": "B", "like": "A", "prompt_len": 3}}]),
          "like takes its prompt from 'A'"),
+        # a list once reached a dict lookup and failed with "unhashable type" (a traceback)
+        (dict(base, actions=[{"kind": "submit", "request": {"id": "B", "like": [1]}}]),
+         r"request.like names unknown request \[1\]"),
         (dict(base, actions=[{"kind": "pass", "request": "A"}]), "a pass action issues no request"),
         (dict(base, actions=[{"kind": "cancel_source", "handoff": "h", "request": "Z"}]),
          "a cancel_source action issues no request"),
