@@ -605,6 +605,21 @@ def _default_name(kind: str, handoff: Optional[str], request: Optional[DirectReq
     return f"{kind}({','.join(parts)})" if parts else kind
 
 
+def _unique_keys(name: str):
+    """SCN-1: a JSON object hook that refuses a key given twice (``json`` would keep the last one
+    silently, so a scenario could lose a field without a word)."""
+
+    def build(pairs):
+        obj = {}
+        for k, v in pairs:
+            if k in obj:
+                raise ScenarioError(f"{name}: key {k!r} is given twice in one object")
+            obj[k] = v
+        return obj
+
+    return build
+
+
 def load_scenario(path) -> Scenario:
     """SCN-1: read a ``.json`` or ``.toml`` scenario file; :class:`ScenarioError` if it is invalid."""
     p = pathlib.Path(path)
@@ -620,9 +635,11 @@ def load_scenario(path) -> Scenario:
                 import tomllib
             except ImportError as err:  # Python 3.10
                 raise ScenarioError("TOML scenarios need Python 3.11 (tomllib); use JSON") from err
-            obj = tomllib.loads(text)
+            obj = tomllib.loads(text)  # TOML itself refuses a key given twice
         else:
-            obj = json.loads(text)
+            obj = json.loads(text, object_pairs_hook=_unique_keys(p.name))
+    except ScenarioError:
+        raise
     except ValueError as err:
         raise ScenarioError(f"{p.name}: not valid {p.suffix.lstrip('.') or 'JSON'}: {err}") from err
     return scenario_from_dict(obj, path=str(p))

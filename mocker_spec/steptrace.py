@@ -352,6 +352,20 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+class _TwiceGiven(ValueError):
+    pass
+
+
+def _unique_keys(pairs) -> dict:
+    # STEP-1: every key once per object (``json`` would keep the last one without a word)
+    obj = {}
+    for k, v in pairs:
+        if k in obj:
+            raise _TwiceGiven(k)
+        obj[k] = v
+    return obj
+
+
 def parse_trace_text(text: str) -> Trace:
     """STEP-1: JSONL text -> :class:`Trace`; blank lines are skipped."""
     objs = []
@@ -360,7 +374,9 @@ def parse_trace_text(text: str) -> Trace:
         if not s:
             continue
         try:
-            objs.append((i, json.loads(s, parse_constant=_no_constant)))
+            objs.append((i, json.loads(s, parse_constant=_no_constant, object_pairs_hook=_unique_keys)))
+        except _TwiceGiven as exc:
+            raise BadTrace(f"line {i}: key {exc.args[0]!r} is given twice in one object") from None
         except ValueError as exc:
             raise BadTrace(f"line {i}: json={_short(s, 60)}: not valid JSON ({getattr(exc, 'msg', exc)})") from None
     return parse_trace_objects(objs)

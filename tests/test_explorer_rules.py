@@ -285,6 +285,15 @@ def test_scn1_bad_input_the_loader_used_to_let_through():
             scenario_from_dict(raw)
 
 
+def test_scn1_a_key_given_twice_is_refused(tmp_path):
+    """SCN-1: ``json`` would keep the second ``num_gpu_blocks`` without a word."""
+    f = tmp_path / "twice.json"
+    f.write_text('{"name": "x", "engine": {"engine_type": "vllm", "num_gpu_blocks": 4, "num_gpu_blocks": 8},'
+                 ' "requests": [{"id": "A", "prompt_len": 4, "max_output_tokens": 1}]}')
+    with pytest.raises(ScenarioError, match=r"^twice.json: key 'num_gpu_blocks' is given twice in one object$"):
+        load_scenario(f)
+
+
 def test_scn3_segment_names_and_private_prompts_never_share_tokens():
     """SCN-3: "fx" and "jc" fall in the same crc32 bucket; within a scenario the later name takes
     the next free one. Private prompts stay below the segment range."""

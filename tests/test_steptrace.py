@@ -340,6 +340,14 @@ def test_not_json_and_empty():
         S.parse_trace_text("\n\n")
 
 
+def test_a_key_given_twice_is_refused():
+    """STEP-1 / STEP-9: ``json`` would keep the second ``now_ms`` and replay a different pass."""
+    text = _lines(recorded()).replace('"now_ms":0.0', '"now_ms":0.0,"now_ms":5.0', 1)
+    line = next(i for i, t in enumerate(text.splitlines(), start=1) if '"now_ms":5.0' in t)
+    with pytest.raises(S.BadTrace, match=rf"^line {line}: key 'now_ms' is given twice in one object$"):
+        S.parse_trace_text(text)
+
+
 def test_blank_lines_are_skipped_and_line_numbers_kept():
     """STEP-1."""
     objs = recorded()
