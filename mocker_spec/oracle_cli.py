@@ -36,8 +36,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     """STEP-16..STEP-18: replay each trace on the model; report ``conforms`` or the first divergence."""
     from . import steptrace as S
 
-    if args.rel_tol < 0:
-        messages.error(f"--rel-tol={args.rel_tol}: must be >= 0")
+    if not args.rel_tol >= 0:  # NaN too: it was taken and silently meant 0
+        messages.error(f"--rel-tol={args.rel_tol}: must be a number >= 0")
         return 2
     try:
         files = _trace_files(args.trace)

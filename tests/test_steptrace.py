@@ -401,6 +401,7 @@ def test_cli_check_exit_codes(tmp_path, capsys):
     assert "bad trace: line 8: op='frob'" in err and len(err.strip().splitlines()) == 1
     assert main(["check", str(tmp_path / "missing.jsonl")]) == 2
     assert main(["check", str(good), "--rel-tol", "-1"]) == 2
+    assert main(["check", str(good), "--rel-tol", "nan"]) == 2  # was taken, and silently meant exact (0)
 
 
 def test_cli_check_runs_as_a_program(tmp_path):
