@@ -209,31 +209,43 @@ def write_outputs(exp: Exploration, out_dir, formats) -> List[str]:
     place only once every one is written; on a failure the staging directory goes, and so does
     ``out_dir`` itself (with any parent) if this call created it.  Returns the written paths."""
     out = pathlib.Path(out_dir)
-    created = []
-    probe = out
-    while not probe.exists():
-        created.append(probe)
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    out.mkdir(parents=True, exist_ok=True)
-    stage = pathlib.Path(tempfile.mkdtemp(prefix=".explore-", dir=out))
+    created = make_dirs(out)
     try:
-        names = _stage_outputs(exp, stage, formats)
-        written = []
-        for name in names:
-            os.replace(stage / name, out / name)
-            written.append(str(out / name))
+        stage = pathlib.Path(tempfile.mkdtemp(prefix=".explore-", dir=out))
+        try:
+            names = _stage_outputs(exp, stage, formats)
+            written = []
+            for name in names:
+                os.replace(stage / name, out / name)
+                written.append(str(out / name))
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        for d in created:  # deepest first; only directories this call made, and only if empty
-            try:
-                d.rmdir()
-            except OSError:
-                break
+        remove_dirs(created)
         raise
-    stage.rmdir()
     return written
+
+
+def make_dirs(path: pathlib.Path) -> List[pathlib.Path]:
+    """``path.mkdir(parents=True, exist_ok=True)``, returning the directories it created, deepest
+    first, so that a failed write can take them away again (:func:`remove_dirs`)."""
+    created = []
+    probe = pathlib.Path(os.path.abspath(path))
+    while not probe.exists() and probe.parent != probe:
+        created.append(probe)
+        probe = probe.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def remove_dirs(created: List[pathlib.Path]) -> None:
+    """Remove the directories :func:`make_dirs` created, deepest first, stopping at the first that
+    is not empty (something else was written there meanwhile)."""
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:
+            break
 
 
 def _stage_outputs(exp: Exploration, out: pathlib.Path, formats) -> List[str]:

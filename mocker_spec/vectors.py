@@ -348,18 +348,24 @@ def write_corpus(out: Path, corpus: Corpus) -> int:
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory")
+    from explorer.outputs import make_dirs, remove_dirs
+
     parent = out.resolve().parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    created = make_dirs(parent)  # taken away again if the write fails
     try:
-        for rel, text in sorted(corpus.files.items()):
-            p = tmp / rel
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text, encoding="utf-8")
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+        try:
+            for rel, text in sorted(corpus.files.items()):
+                p = tmp / rel
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_text(text, encoding="utf-8")
+            if out.exists():
+                out.rmdir()
+            os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_dirs(created)
         raise
     return len(corpus.files)

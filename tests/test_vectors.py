@@ -173,6 +173,10 @@ def test_write_corpus_is_all_or_nothing(corpus, tmp_path, monkeypatch):
         V.write_corpus(target, corpus)
     assert not target.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["vectors"]
+    calls["n"] = 0  # parents the write created go too (they used to stay behind)
+    with pytest.raises(OSError):
+        V.write_corpus(tmp_path / "new" / "deeper" / "third", corpus)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vectors"]
 
 
 def test_cli_vectors(tmp_path, capsys):
