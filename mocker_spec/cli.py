@@ -11,6 +11,7 @@ livelock (where the compiled engine spins forever; a diagnosis is printed).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import List, Optional
 
@@ -116,10 +117,17 @@ def _job_from_args(args: argparse.Namespace) -> dict:
         raise _BadInput(f"{missing[0]}=None: synthetic replay requires --input-tokens, --output-tokens and --num-requests")
     if args.report_jsonl is not None and args.trace_file is None:
         raise _BadInput(f"--report-jsonl={args.report_jsonl!r}: the per-request report only supports trace-file replay")
-    for flag, path in (("--report-jsonl", args.report_jsonl), ("--summary-json", getattr(args, "summary_json", None))):
+    outputs = (("--report-jsonl", args.report_jsonl), ("--summary-json", getattr(args, "summary_json", None)))
+    for flag, path in outputs:
         problem = None if path is None else messages.output_file_problem(path)
         if problem:
             raise _BadInput(f"{flag}={path!r}: {problem}")
+    if all(path is not None for _, path in outputs) and os.path.realpath(outputs[0][1]) == os.path.realpath(outputs[1][1]):
+        raise _BadInput(f"--summary-json={outputs[1][1]!r}: the same file as --report-jsonl (one would overwrite the other)")
+    if args.trace_file is not None:
+        for flag, path in outputs:
+            if path is not None and os.path.realpath(path) == os.path.realpath(args.trace_file):
+                raise _BadInput(f"{flag}={path!r}: the trace file itself (it would be overwritten)")
     extra = _load_engine_args_text("--extra-engine-args", args.extra_engine_args)
     prefill = _load_engine_args_text("--prefill-engine-args", args.prefill_engine_args)
     decode = _load_engine_args_text("--decode-engine-args", args.decode_engine_args)

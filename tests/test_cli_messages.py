@@ -88,6 +88,18 @@ def test_replay_output_that_is_a_directory_is_refused_before_the_run(tmp_path, c
     assert sorted(tmp_path.iterdir()) == before
 
 
+def test_replay_outputs_that_would_overwrite_each_other_or_the_trace_are_refused(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes(TRACE.read_bytes())
+    same = str(tmp_path / "x.json")
+    assert main(["replay", str(trace), "--report-jsonl", same, "--summary-json", same, "--no-progress"]) == 2
+    _one_error_line(capsys, "--summary-json", "the same file as --report-jsonl")
+    for flag in ("--report-jsonl", "--summary-json"):
+        assert main(["replay", str(trace), flag, str(trace), "--no-progress"]) == 2
+        _one_error_line(capsys, flag, "the trace file itself")
+    assert trace.read_bytes() == TRACE.read_bytes() and sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+
+
 def test_replay_output_under_a_file_is_refused(tmp_path, capsys):
     f = tmp_path / "f"
     f.write_text("x")
