@@ -446,6 +446,8 @@ def main(args, console) -> int:
         problem = None if path is None else output_file_problem(path)
         if problem:  # before the corpus runs, not after
             return err(f"{flag}={path!r}: {problem}")
+    if args.json is not None and os.path.realpath(args.json) == os.path.realpath(args.out):
+        return err(f"--json={args.json!r}: the same file as --out (one would overwrite the other)")
     if not Path(args.python).exists():
         return err(f"--python={args.python!r}: no such interpreter")
     probe, _ = run_161({"mode": "agg", "engine_args": {}, "trace_file": os.devnull}, args.python, 60.0)

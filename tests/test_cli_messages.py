@@ -98,6 +98,9 @@ def test_replay_outputs_that_would_overwrite_each_other_or_the_trace_are_refused
         assert main(["replay", str(trace), flag, str(trace), "--no-progress"]) == 2
         _one_error_line(capsys, flag, "the trace file itself")
     assert trace.read_bytes() == TRACE.read_bytes() and sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+    assert main(["diff-161", "--corpus", str(TRACE.parents[1]), "--out", same, "--json", same,
+                 "--python", str(tmp_path / "python")]) == 2
+    _one_error_line(capsys, "--json", "the same file as --out")
 
 
 def test_replay_output_under_a_file_is_refused(tmp_path, capsys):
