@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -265,11 +268,23 @@ def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: b
     dirs = []
     prefix = ("gen" + ("c" if concurrency else "") + ("x" if extra_args else "") + ("s" if sessions else "")
               + ("l" if large else "") + ("t" if tiny else ""))
+    out.mkdir(parents=True, exist_ok=True)
     for i in range(start, start + count):
         case, rows = generate_case(seed, i, concurrency, extra_args, sessions, large, tiny)
         d = out / f"{prefix}-{seed}-{i:04d}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")
-        (d / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        # each case appears whole or not at all: written beside its place, then renamed into it
+        tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=out))
+        try:
+            (tmp / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")
+            (tmp / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            if d.is_dir():  # written before: its two files replaced, a recorded outcome kept
+                for name in ("case.json", "trace.jsonl"):
+                    os.replace(tmp / name, d / name)
+                tmp.rmdir()
+            else:
+                os.replace(tmp, d)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         dirs.append(d)
     return dirs

@@ -440,3 +440,28 @@ def test_explore_outputs_are_all_or_nothing(tmp_path, capsys, monkeypatch):
     assert main(["explore", str(S7), "--no-progress", "--out", str(kept)]) == 2
     capsys.readouterr()
     assert [p.name for p in kept.iterdir()] == ["mine.txt"]
+
+
+def test_gen_cases_writes_each_case_whole_and_keeps_a_recorded_outcome(tmp_path, monkeypatch):
+    """A write that fails inside a case leaves no half case (a case.json without its trace would
+    stop ``diff --corpus``); writing a case again replaces its two files and keeps what was
+    recorded beside them."""
+    import pathlib
+
+    from mocker_spec.casegen import write_cases
+
+    out = tmp_path / "cases"
+    (first,) = write_cases(out, 5, 1, 0)
+    (first / "expected.status").write_text("ok\n")
+    real = pathlib.Path.write_text
+
+    def failing(self, text, *a, **k):
+        if self.name == "trace.jsonl" and "0001" in self.parent.name:
+            raise OSError(28, "No space left on device")
+        return real(self, text, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", failing)
+    with pytest.raises(OSError):
+        write_cases(out, 5, 2, 0)
+    assert sorted(p.name for p in out.iterdir()) == [first.name]
+    assert sorted(p.name for p in first.iterdir()) == ["case.json", "expected.status", "trace.jsonl"]
