@@ -701,7 +701,9 @@ def fid7_signature(case: Mapping[str, Any], ours: Outcome, ref: Outcome) -> Opti
     """FID-7's signature in a difference, as a hint (not a verdict): both runs complete with the
     same requests, a vLLM or TRT-LLM worker is involved, and some request reuses more prompt tokens
     in the model than in the reference (the pinned source keeps the blocks a failing prefill chunk
-    got; the compiled build's newer all-or-nothing Use does not). The first such request, or None."""
+    got; the compiled build's newer all-or-nothing Use does not), on its aggregated or prefill
+    worker (``reused_input_tokens``) or on its decode worker (``decode_reused_input_tokens``). The
+    first such request, or None."""
     if ours.status != "ok" or ref.status != "ok" or ours.records is None or ref.records is None:
         return None
     engines = {(case.get(k) or {}).get("engine_type", "vllm")
@@ -716,10 +718,11 @@ def fid7_signature(case: Mapping[str, Any], ours: Outcome, ref: Outcome) -> Opti
         a = mine.get(tuple(b.get(f) for f in ident))
         if a is None:
             return None
-        m, r = a.get("reused_input_tokens"), b.get("reused_input_tokens")
-        if isinstance(m, int) and isinstance(r, int) and m > r:
-            return (f"FID-7 signature: the request arriving at {b.get('arrival_time_ms')!r} ms (input "
-                    f"{b.get('input_length')}) reuses {m} tokens in the model, {r} in the reference")
+        for field, where in (("reused_input_tokens", ""), ("decode_reused_input_tokens", " on its decode worker")):
+            m, r = a.get(field), b.get(field)
+            if isinstance(m, int) and isinstance(r, int) and m > r:
+                return (f"FID-7 signature: the request arriving at {b.get('arrival_time_ms')!r} ms (input "
+                        f"{b.get('input_length')}) reuses {m} tokens{where} in the model, {r} in the reference")
     return None
 
 
