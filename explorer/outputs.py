@@ -234,7 +234,11 @@ def make_dirs(path: pathlib.Path) -> List[pathlib.Path]:
     while not probe.exists() and probe.parent != probe:
         created.append(probe)
         probe = probe.parent
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        remove_dirs(created)  # a parent made before the failure goes too
+        raise
     return created
 
 
