@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from model.engine_args import DEFAULT_BLOCK_SIZE, EngineType
+
 KINDS = (
     ("agg", "vllm"),
     ("agg", "trtllm"),
@@ -91,8 +93,8 @@ def _trace(rng: random.Random, trace_block_size: int) -> List[Dict[str, Any]]:
 
 
 def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: bool = False,
-                  sessions: bool = False, large: bool = False,
-                  tiny: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+                  sessions: bool = False, large: bool = False, tiny: bool = False,
+                  tight: bool = False) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """Case ``index`` of the family ``seed``: ``(case.json content, trace rows)``.
 
     The variants draw the same case, then change it from streams of their own, so the plain
@@ -117,12 +119,20 @@ def generate_case(seed: int, index: int, concurrency: bool = False, extra_args: 
       with it): pools of 1-8 blocks of 4-16 tokens, 1-4 requests of 1-40 prompt tokens and 0-12
       output tokens (0 included) drawn from six hash ids, budgets down to one block, one or two
       workers per pool.  These are the edge cases (dead ends, both livelock shapes of LIVE-1 and
-      LIVE-7, requests that can never fit) that the plain cases reach only rarely."""
-    if tiny and large:
-        raise ValueError("the tiny and large variants cannot be combined")
+      LIVE-7, requests that can never fit) that the plain cases reach only rarely;
+    - ``tight`` (applied after ``large``; not with ``tiny``, whose pools are tight already) cuts every
+      pool to what the case's largest request needs there, its prompt and output on an aggregated or
+      decode worker, its prompt on a prefill worker, plus 0, 1, 2 or 5 blocks or a quarter or half
+      more, and limits about half of the pools to 1-8 sequences and a third of those that chunk
+      prefills to a 32-256-token budget: the plain traces on pools that preempt, retract and
+      dead-end often."""
+    if tiny and (large or tight):
+        raise ValueError("the tiny variant cannot be combined with large or tight")
     case, rows = _tiny_case(seed, index) if tiny else _generate_case(seed, index)
     if large:
         case, rows = _enlarge(seed, index, case, rows)
+    if tight:
+        _tighten(seed, index, case, rows)
     if concurrency:
         rng = random.Random(f"mocker-spec-casegen-concurrency:{seed}:{index}")
         if rng.random() < 0.67:
@@ -259,18 +269,36 @@ def _tiny_case(seed: int, index: int) -> Tuple[Dict[str, Any], List[Dict[str, An
     return case, rows
 
 
+def _tighten(seed: int, index: int, case: Dict[str, Any], rows: List[Dict[str, Any]]) -> None:
+    """The ``tight`` variant (see :func:`generate_case`), in place, from a stream of its own."""
+    rng = random.Random(f"mocker-spec-casegen-tight:{seed}:{index}")
+    sides = (("engine_args", True),) if case["mode"] == "agg" else (("prefill_engine_args", False),
+                                                                     ("decode_engine_args", True))
+    for key, with_output in sides:
+        args = case[key]
+        bs = args.get("block_size") or DEFAULT_BLOCK_SIZE[EngineType(args.get("engine_type", "vllm"))]
+        need = max(-(-(r["input_length"] + (r["output_length"] if with_output else 0)) // bs) for r in rows)
+        args["num_gpu_blocks"] = max(1, need + rng.choice([0, 1, 2, 5, need // 4, need // 2]))
+        if rng.random() < 0.5:
+            args["max_num_seqs"] = rng.choice([1, 2, 3, 8])
+        # a budget below the prompt can only be met by chunking: without it the cut would make
+        # most cases dead-end on configuration (VLLM-6), which the tiny family covers already
+        if rng.random() < 0.33 and args.get("enable_chunked_prefill", True) is not False:
+            args["max_num_batched_tokens"] = rng.choice([32, 64, 128, 256])
+
+
 def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: bool = False,
                 extra_args: bool = False, sessions: bool = False, large: bool = False,
-                tiny: bool = False) -> List[Path]:
+                tiny: bool = False, tight: bool = False) -> List[Path]:
     """Write cases ``start .. start+count-1`` of family ``seed`` under ``out`` (one directory each:
     ``gen-*``; a variant adds ``c`` (concurrency), ``x`` (extra args), ``s`` (sessions), ``l``
-    (large), ``t`` (tiny), e.g. ``gencs-*``)."""
+    (large), ``t`` (tiny), ``p`` (tight pools), e.g. ``gencs-*``)."""
     dirs = []
     prefix = ("gen" + ("c" if concurrency else "") + ("x" if extra_args else "") + ("s" if sessions else "")
-              + ("l" if large else "") + ("t" if tiny else ""))
+              + ("l" if large else "") + ("t" if tiny else "") + ("p" if tight else ""))
     out.mkdir(parents=True, exist_ok=True)
     for i in range(start, start + count):
-        case, rows = generate_case(seed, i, concurrency, extra_args, sessions, large, tiny)
+        case, rows = generate_case(seed, i, concurrency, extra_args, sessions, large, tiny, tight)
         d = out / f"{prefix}-{seed}-{i:04d}"
         # each case appears whole or not at all: written beside its place, then renamed into it
         tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=out))

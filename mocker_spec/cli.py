@@ -490,8 +490,9 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
     if args.jobs < 1:
         messages.error(f"--jobs={args.jobs}: must be at least 1")
         return 2
-    if args.tiny and args.large:
-        messages.error("--tiny and --large: cannot be combined (tiny cases draw their own pools)")
+    if args.tiny and (args.large or args.tight):
+        other = "--large" if args.large else "--tight"
+        messages.error(f"--tiny and {other}: cannot be combined (tiny cases draw their own pools)")
         return 2
     from .reference import reference_available, record_case
 
@@ -499,7 +500,7 @@ def cmd_gen_cases(args: argparse.Namespace, console: Console) -> int:
         messages.error("the compiled reference is not installed (pip install -e '.[reference]')")
         return 2
     dirs = write_cases(Path(args.out), args.seed, args.count, args.start, args.concurrency, args.extra_args,
-                       args.sessions, args.large, args.tiny)
+                       args.sessions, args.large, args.tiny, args.tight)
     messages.say(console, f"wrote {len(dirs)} cases under {args.out}")
     if not args.record:
         return 0
@@ -564,6 +565,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longer traces (about 50-250 requests) on up to 8 workers (gen*l-* cases)")
     p.add_argument("--tiny", action="store_true",
                    help="edge cases: pools of 1-8 blocks, 1-4 requests, output lengths from 0 (gen*t-* cases)")
+    p.add_argument("--tight", action="store_true",
+                   help="cut every pool to what the largest request needs plus 0-50%% (gen*p-* cases)")
     p.add_argument("--record", action="store_true", help="record the compiled reference's outputs too")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before the reference counts as hung")
     p.add_argument("--jobs", type=int, default=1, help="with --record: record in this many processes (default 1)")

@@ -1282,12 +1282,12 @@ def test_generated_goldens_regenerate_byte_for_byte_from_their_family_and_index(
 
     from mocker_spec.casegen import write_cases
 
-    flags = {"c": "concurrency", "x": "extra_args", "s": "sessions", "l": "large", "t": "tiny"}
+    flags = {"c": "concurrency", "x": "extra_args", "s": "sessions", "l": "large", "t": "tiny", "p": "tight"}
     letters = set()
     dirs = [d for root in (GOLDENS, ROOT / "tests" / "goldens" / "divergent") for d in sorted(root.iterdir())]
     checked = 0
     for d in dirs:
-        m = re.search(r"(?:^|-)gen([cxslt]*)-(\d+)-(\d{4})$", d.name)
+        m = re.search(r"(?:^|-)gen([cxsltp]*)-(\d+)-(\d{4})$", d.name)
         if m is None:
             continue
         variant, seed, index = m.group(1), int(m.group(2)), int(m.group(3))
@@ -1430,6 +1430,39 @@ def test_casegen_tiny_variant_draws_valid_edge_cases():
     assert kinds == set(KINDS) and zero_output >= 10 and too_long >= 10
     with pytest.raises(ValueError):
         generate_case(97, 0, large=True, tiny=True)
+
+
+def test_casegen_tight_variant_cuts_every_pool_to_its_largest_request():
+    """``gen-cases --tight``: the plain case of the same index with the same rows, each pool cut to
+    what the largest request needs on it (prompt and output on an aggregated or decode worker, the
+    prompt on a prefill worker) and at most half as much again; sequence and budget limits drawn on
+    some pools; every kind; it cannot be combined with ``--tiny``."""
+    from mocker_spec.casegen import KINDS, generate_case
+    from mocker_spec.reference import setup_from_job
+
+    kinds, exact, limited = set(), 0, 0
+    for i in range(80):
+        plain_case, plain_rows = generate_case(811, i)
+        case, rows = generate_case(811, i, tight=True)
+        assert generate_case(811, i, tight=True) == (case, rows) and rows == plain_rows
+        sides = [("engine_args", True)] if case["mode"] == "agg" else [("prefill_engine_args", False),
+                                                                      ("decode_engine_args", True)]
+        for key, with_output in sides:
+            a = case[key]
+            need = max(-(-(r["input_length"] + (r["output_length"] if with_output else 0)) // a["block_size"])
+                       for r in rows)
+            assert need <= a["num_gpu_blocks"] <= max(1, need + need // 2 + 5)
+            exact += a["num_gpu_blocks"] == need
+            limited += a.get("max_num_seqs") != plain_case[key].get("max_num_seqs")
+            if a.get("enable_chunked_prefill") is False:  # no budget below what it had
+                assert a.get("max_num_batched_tokens") == plain_case[key].get("max_num_batched_tokens")
+            assert {k: v for k, v in a.items() if k not in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")} \
+                == {k: v for k, v in plain_case[key].items() if k not in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")}
+        kinds.add((case["mode"], case[sides[0][0]]["engine_type"]))
+        check_setup(setup_from_job(case))
+    assert kinds == set(KINDS) and exact >= 5 and limited >= 20
+    with pytest.raises(ValueError):
+        generate_case(811, 0, tiny=True, tight=True)
 
 
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
