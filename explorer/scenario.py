@@ -24,6 +24,7 @@ from model.core import new_core
 from model.engine_args import EngineArgs, engine_args_from_json
 from model.errors import ModelError
 from model.protocol import DirectRequest
+from model.rustlib import fields_once
 from model.testing import claim_bucket
 
 
@@ -605,21 +606,6 @@ def _default_name(kind: str, handoff: Optional[str], request: Optional[DirectReq
     return f"{kind}({','.join(parts)})" if parts else kind
 
 
-def _unique_keys(name: str):
-    """SCN-1: a JSON object hook that refuses a key given twice (``json`` would keep the last one
-    silently, so a scenario could lose a field without a word)."""
-
-    def build(pairs):
-        obj = {}
-        for k, v in pairs:
-            if k in obj:
-                raise ScenarioError(f"{name}: key {k!r} is given twice in one object")
-            obj[k] = v
-        return obj
-
-    return build
-
-
 def load_scenario(path) -> Scenario:
     """SCN-1: read a ``.json`` or ``.toml`` scenario file; :class:`ScenarioError` if it is invalid."""
     p = pathlib.Path(path)
@@ -637,7 +623,9 @@ def load_scenario(path) -> Scenario:
                 raise ScenarioError("TOML scenarios need Python 3.11 (tomllib); use JSON") from err
             obj = tomllib.loads(text)  # TOML itself refuses a key given twice
         else:
-            obj = json.loads(text, object_pairs_hook=_unique_keys(p.name))
+            # SCN-1: a key given twice is refused (json would keep the last one without a word)
+            obj = json.loads(text, object_pairs_hook=fields_once(
+                lambda k: ScenarioError(f"{p.name}: key {k!r} is given twice in one object")))
     except ScenarioError:
         raise
     except ValueError as err:

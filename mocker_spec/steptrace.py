@@ -25,6 +25,7 @@ import attrs
 from model import core as C
 from model.engine_args import EngineArgs, engine_args_from_json
 from model.errors import InternalInvariantBroken, InvalidInput, ModelError
+from model.rustlib import fields_once
 from model.kv_events import KvCacheEvent, KvRemoved, KvStored
 from model.protocol import (
     ActivateDestination,
@@ -356,14 +357,8 @@ class _TwiceGiven(ValueError):
     pass
 
 
-def _unique_keys(pairs) -> dict:
-    # STEP-1: every key once per object (``json`` would keep the last one without a word)
-    obj = {}
-    for k, v in pairs:
-        if k in obj:
-            raise _TwiceGiven(k)
-        obj[k] = v
-    return obj
+#: STEP-1: every key once per object (``json`` would keep the last one without a word)
+_FIELDS_ONCE = fields_once(_TwiceGiven)
 
 
 def parse_trace_text(text: str) -> Trace:
@@ -374,7 +369,7 @@ def parse_trace_text(text: str) -> Trace:
         if not s:
             continue
         try:
-            objs.append((i, json.loads(s, parse_constant=_no_constant, object_pairs_hook=_unique_keys)))
+            objs.append((i, json.loads(s, parse_constant=_no_constant, object_pairs_hook=_FIELDS_ONCE)))
         except _TwiceGiven as exc:
             raise BadTrace(f"line {i}: key {exc.args[0]!r} is given twice in one object") from None
         except ValueError as exc:

@@ -10,6 +10,9 @@ parser (spec/engine-args.md ARGS-10):
 * :func:`serde_json_number`: how serde_json (default features, no ``float_roundtrip``) reads a
   JSON number literal: an unsigned or signed integer when one fits, else an f64 computed as an
   integer significand times or divided by a power of ten, which is not always correctly rounded.
+* :func:`fields_once`: a ``json.loads`` object hook that refuses a key given twice, as serde's
+  derived structs refuse a field given twice; the project's own JSON formats (scenario files,
+  step traces) read their objects this way, where ``json`` would keep the last value silently.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["RUST_WHITESPACE", "rust_debug_str", "rust_parse_f64", "serde_json_number", "has_lone_surrogate"]
+__all__ = ["RUST_WHITESPACE", "fields_once", "rust_debug_str", "rust_parse_f64", "serde_json_number",
+           "has_lone_surrogate"]
 
 #: Rust's ``char::is_whitespace`` (Unicode White_Space), what ``str::trim`` removes
 RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
@@ -161,3 +165,18 @@ def has_lone_surrogate(text: str) -> bool:
     """A string decoded by Python's ``json`` that held an escaped lone surrogate (``"\\ud800"``),
     which serde_json refuses in a string it deserializes."""
     return any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+def fields_once(on_twice):
+    """A ``json.loads`` ``object_pairs_hook`` building a dict, which calls ``on_twice(key)`` (and
+    raises what it returns) when a key comes a second time in one object."""
+
+    def build(pairs):
+        obj = {}
+        for k, v in pairs:
+            if k in obj:
+                raise on_twice(k)
+            obj[k] = v
+        return obj
+
+    return build

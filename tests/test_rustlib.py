@@ -81,3 +81,17 @@ def test_fast_paths_agree_with_the_full_reading():
         assert serde_json_number(text) == serde_json_number(text + "e0"), text
     assert serde_json_number("123456789012345678") == 123456789012345678
     assert serde_json_number("-123456789012345678") == -123456789012345678
+
+
+def test_fields_once_refuses_a_key_given_twice_and_keeps_order():
+    """``fields_once``: the object hook of the scenario and step-trace readers (SCN-1, STEP-1)."""
+    import json
+
+    from model.rustlib import fields_once
+
+    hook = fields_once(lambda k: KeyError(f"twice: {k}"))
+    assert list(json.loads('{"b": 1, "a": {"b": 2}}', object_pairs_hook=hook)) == ["b", "a"]
+    with pytest.raises(KeyError, match="twice: a"):
+        json.loads('{"a": 1, "b": 2, "a": 1}', object_pairs_hook=hook)
+    with pytest.raises(KeyError, match="twice: x"):  # in a nested object too
+        json.loads('{"a": [{"x": 1, "x": 2}]}', object_pairs_hook=hook)
