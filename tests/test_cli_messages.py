@@ -133,7 +133,8 @@ def test_gen_cases_flags_are_checked(tmp_path, capsys):
     _one_error_line(capsys, "--out", "not a directory")
     for flags, fragment in ((["--start", "-1"], "--start=-1"), (["--timeout", "0"], "--timeout=0.0"),
                             (["--timeout", "nan"], "--timeout=nan"), (["--count", "0"], "--count=0"),
-                            (["--tiny", "--large"], "--tiny and --large"), (["--jobs", "0"], "--jobs=0")):
+                            (["--tiny", "--large"], "--tiny and --large"), (["--tiny", "--tight"], "--tiny and --tight"),
+                            (["--jobs", "0"], "--jobs=0")):
         assert main(["gen-cases", "--out", str(tmp_path / "cases"), *flags]) == 2
         _one_error_line(capsys, fragment)
     assert not (tmp_path / "cases").exists()
