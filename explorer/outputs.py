@@ -8,14 +8,12 @@ Pure builders (:func:`summary`, :func:`steps_text`, :func:`itf_trace`,
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
-import shutil
-import tempfile
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import graphs
+from .files import Content, publish
 from .search import Exploration, Violation, graph_of
 
 
@@ -205,60 +203,18 @@ def write_outputs(exp: Exploration, out_dir, formats) -> List[str]:
     """MC-47: write ``summary.json``, per violation ``<kind>.txt`` / ``.itf.json`` / ``test_*.py``,
     and the graph exports in ``formats`` (state graph and one quotient per handoff).
 
-    All or nothing: the files are staged in a temporary directory inside ``out_dir`` and moved into
-    place only once every one is written; on a failure the staging directory goes, and so does
-    ``out_dir`` itself (with any parent) if this call created it.  Returns the written paths."""
-    out = pathlib.Path(out_dir)
-    created = make_dirs(out)
-    try:
-        stage = pathlib.Path(tempfile.mkdtemp(prefix=".explore-", dir=out))
-        try:
-            names = _stage_outputs(exp, stage, formats)
-            written = []
-            for name in names:
-                os.replace(stage / name, out / name)
-                written.append(str(out / name))
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
-    except BaseException:
-        remove_dirs(created)
-        raise
-    return written
+    All or nothing (:func:`explorer.files.publish`): the files are staged and put in place only
+    once every one is written; a failure leaves ``out_dir`` as it was, and takes away the
+    directories this call created.  Returns the written paths."""
+    return [str(p) for p in publish(pathlib.Path(out_dir), _output_files(exp, formats))]
 
 
-def make_dirs(path: pathlib.Path) -> List[pathlib.Path]:
-    """``path.mkdir(parents=True, exist_ok=True)``, returning the directories it created, deepest
-    first, so that a failed write can take them away again (:func:`remove_dirs`)."""
-    created = []
-    probe = pathlib.Path(os.path.abspath(path))
-    while not probe.exists() and probe.parent != probe:
-        created.append(probe)
-        probe = probe.parent
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except BaseException:
-        remove_dirs(created)  # a parent made before the failure goes too
-        raise
-    return created
-
-
-def remove_dirs(created: List[pathlib.Path]) -> None:
-    """Remove the directories :func:`make_dirs` created, deepest first, stopping at the first that
-    is not empty (something else was written there meanwhile)."""
-    for d in created:
-        try:
-            d.rmdir()
-        except OSError:
-            break
-
-
-def _stage_outputs(exp: Exploration, out: pathlib.Path, formats) -> List[str]:
-    """The files of :func:`write_outputs`, written into ``out``; returns their names in order."""
-    written: List[str] = []
+def _output_files(exp: Exploration, formats) -> List[Tuple[str, Content]]:
+    """The files of :func:`write_outputs`: ``(name, content)`` in order."""
+    written: List[Tuple[str, Content]] = []
 
     def put(name, text):
-        (out / name).write_text(text, encoding="utf-8")
-        written.append(name)
+        written.append((name, text))
 
     put("summary.json", json.dumps(summary(exp), indent=2) + "\n")
     stems = _distinct(f"{v.kind}-{_ident(v.name)}" if v.name != v.kind else v.kind for v in exp.violations)
@@ -277,8 +233,7 @@ def _stage_outputs(exp: Exploration, out: pathlib.Path, formats) -> List[str]:
     if "dot" in formats:
         put("states.dot", graphs.to_dot(g))
     if "graphml" in formats:
-        graphs.write_graphml(g, out / "states.graphml")
-        written.append("states.graphml")
+        put("states.graphml", lambda path: graphs.write_graphml(g, path))
     if "json" in formats:
         put("states.json", json.dumps(graphs.to_node_link(g)) + "\n")
     if "mermaid" in formats:

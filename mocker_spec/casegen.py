@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from explorer.files import publish
 from model.engine_args import DEFAULT_BLOCK_SIZE, EngineType
 
 KINDS = (
@@ -277,7 +275,7 @@ def _tighten(seed: int, index: int, case: Dict[str, Any], rows: List[Dict[str, A
     for key, with_output in sides:
         args = case[key]
         bs = args.get("block_size") or DEFAULT_BLOCK_SIZE[EngineType(args.get("engine_type", "vllm"))]
-        need = max(-(-(r["input_length"] + (r["output_length"] if with_output else 0)) // bs) for r in rows)
+        need = max(math.ceil((r["input_length"] + (r["output_length"] if with_output else 0)) / bs) for r in rows)
         args["num_gpu_blocks"] = max(1, need + rng.choice([0, 1, 2, 5, need // 4, need // 2]))
         if rng.random() < 0.5:
             args["max_num_seqs"] = rng.choice([1, 2, 3, 8])
@@ -296,23 +294,11 @@ def write_cases(out: Path, seed: int, count: int, start: int = 0, concurrency: b
     dirs = []
     prefix = ("gen" + ("c" if concurrency else "") + ("x" if extra_args else "") + ("s" if sessions else "")
               + ("l" if large else "") + ("t" if tiny else "") + ("p" if tight else ""))
-    out.mkdir(parents=True, exist_ok=True)
     for i in range(start, start + count):
         case, rows = generate_case(seed, i, concurrency, extra_args, sessions, large, tiny, tight)
         d = out / f"{prefix}-{seed}-{i:04d}"
-        # each case appears whole or not at all: written beside its place, then renamed into it
-        tmp = Path(tempfile.mkdtemp(prefix=f".{d.name}.", dir=out))
-        try:
-            (tmp / "case.json").write_text(json.dumps(case, indent=1, sort_keys=True) + "\n")
-            (tmp / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-            if d.is_dir():  # written before: its two files replaced, a recorded outcome kept
-                for name in ("case.json", "trace.jsonl"):
-                    os.replace(tmp / name, d / name)
-                tmp.rmdir()
-            else:
-                os.replace(tmp, d)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        # each case appears whole or not at all; written again, it keeps a recorded outcome
+        publish(d, [("case.json", json.dumps(case, indent=1, sort_keys=True) + "\n"),
+                    ("trace.jsonl", "".join(json.dumps(r) + "\n" for r in rows))])
         dirs.append(d)
     return dirs

@@ -17,9 +17,6 @@ conforming engine must observe.  :func:`build_corpus` is a function of its argum
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -342,30 +339,13 @@ malformed trace). Fields you do not observe may be left out of `effects`; they a
 
 
 def write_corpus(out: Path, corpus: Corpus) -> int:
-    """VEC-1: write every file under ``out`` (which must be absent or empty); all or nothing:
-    the files go to a temporary sibling directory renamed to ``out`` at the end.  Returns the
-    number of files written."""
+    """VEC-1: write every file under ``out`` (which must be absent or empty); all or nothing
+    (:func:`explorer.files.publish`): the files go to a temporary sibling directory renamed to
+    ``out`` at the end.  Returns the number of files written."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory")
-    from explorer.outputs import make_dirs, remove_dirs
+    from explorer.files import publish
 
-    parent = out.resolve().parent
-    created = make_dirs(parent)  # taken away again if the write fails
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-        try:
-            for rel, text in sorted(corpus.files.items()):
-                p = tmp / rel
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_text(text, encoding="utf-8")
-            if out.exists():
-                out.rmdir()
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    except BaseException:
-        remove_dirs(created)
-        raise
+    publish(out, sorted(corpus.files.items()))  # staged beside out, renamed into place at the end
     return len(corpus.files)

@@ -425,12 +425,16 @@ def test_an_output_path_that_cannot_take_a_file_is_refused_before_the_run(tmp_pa
 def test_explore_outputs_are_all_or_nothing(tmp_path, capsys, monkeypatch):
     """MC-47: a write that fails part-way leaves neither the files already written nor the
     directories the run created; the failure is one line with exit status 2."""
-    from explorer import graphs
+    import pathlib
 
-    def broken(*a, **k):
-        raise OSError(28, "No space left on device", "states.mmd")
+    real = pathlib.Path.write_text
 
-    monkeypatch.setattr(graphs, "to_mermaid", broken)
+    def broken(self, *a, **k):  # the disk fills up at the state graph's Mermaid file
+        if self.name == "states.mmd":
+            raise OSError(28, "No space left on device", "states.mmd")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", broken)
     out = tmp_path / "new" / "out"
     assert main(["explore", str(S7), "--no-progress", "--out", str(out)]) == 2
     _one_error_line(capsys, "'states.mmd': No space left on device")
