@@ -231,21 +231,27 @@ _FIELD_KEYS = tuple((k, json.dumps(k, ensure_ascii=False) + ":") for k in REPORT
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` via temp file + fsync + rename; creates parent dirs."""
+    from explorer.files import make_dirs, remove_dirs
+
     target = Path(path)
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    created = make_dirs(parent)  # taken away again if the write fails
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+    except BaseException:
+        remove_dirs(created)
         raise
     return target
 

@@ -720,6 +720,9 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path: Path, monkeypatch: py
         write_summary_json(target, {"a": 1.0})
     assert target.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["report.jsonl"]
+    with pytest.raises(OSError):  # the parent directories the write made go too (they stayed)
+        write_summary_json(tmp_path / "new" / "deeper" / "s.json", {"a": 1.0})
+    assert [p.name for p in tmp_path.iterdir()] == ["report.jsonl"]
 
 
 def test_build_records_skips_requests_without_terminal_status() -> None:
