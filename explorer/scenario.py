@@ -24,7 +24,7 @@ from model.core import new_core
 from model.engine_args import EngineArgs, engine_args_from_json
 from model.errors import ModelError
 from model.protocol import DirectRequest
-from model.rustlib import fields_once
+from model.rustlib import fields_once, no_json_constant
 from model.testing import claim_bucket
 
 
@@ -623,8 +623,9 @@ def load_scenario(path) -> Scenario:
                 raise ScenarioError("TOML scenarios need Python 3.11 (tomllib); use JSON") from err
             obj = tomllib.loads(text)  # TOML itself refuses a key given twice
         else:
-            # SCN-1: a key given twice is refused (json would keep the last one without a word)
-            obj = json.loads(text, object_pairs_hook=fields_once(
+            # SCN-1: a key given twice is refused (json would keep the last one without a word),
+            # and so are NaN and Infinity, which are not JSON
+            obj = json.loads(text, parse_constant=no_json_constant, object_pairs_hook=fields_once(
                 lambda k: ScenarioError(f"{p.name}: key {k!r} is given twice in one object")))
     except ScenarioError:
         raise

@@ -25,7 +25,7 @@ import attrs
 from model import core as C
 from model.engine_args import EngineArgs, engine_args_from_json
 from model.errors import InternalInvariantBroken, InvalidInput, ModelError
-from model.rustlib import fields_once
+from model.rustlib import fields_once, no_json_constant
 from model.kv_events import KvCacheEvent, KvRemoved, KvStored
 from model.protocol import (
     ActivateDestination,
@@ -348,11 +348,6 @@ def parse_trace_objects(objs: Sequence[Tuple[int, Any]]) -> Trace:
     return Trace(header, tuple(steps))
 
 
-def _no_constant(name: str) -> Any:
-    # STEP-1: a step trace is JSON, which has no NaN or Infinity
-    raise ValueError(f"{name} is not JSON")
-
-
 class _TwiceGiven(ValueError):
     pass
 
@@ -369,7 +364,8 @@ def parse_trace_text(text: str) -> Trace:
         if not s:
             continue
         try:
-            objs.append((i, json.loads(s, parse_constant=_no_constant, object_pairs_hook=_FIELDS_ONCE)))
+            objs.append((i, json.loads(s, parse_constant=no_json_constant,  # STEP-1
+                                          object_pairs_hook=_FIELDS_ONCE)))
         except _TwiceGiven as exc:
             raise BadTrace(f"line {i}: key {exc.args[0]!r} is given twice in one object") from None
         except ValueError as exc:

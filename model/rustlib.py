@@ -13,6 +13,8 @@ parser (spec/engine-args.md ARGS-10):
 * :func:`fields_once`: a ``json.loads`` object hook that refuses a key given twice, as serde's
   derived structs refuse a field given twice; the project's own JSON formats (scenario files,
   step traces) read their objects this way, where ``json`` would keep the last value silently.
+* :func:`no_json_constant`: a ``json.loads`` ``parse_constant`` hook that refuses ``NaN``,
+  ``Infinity`` and ``-Infinity``, which ``json`` reads and serde_json (like JSON itself) does not.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["RUST_WHITESPACE", "fields_once", "rust_debug_str", "rust_parse_f64", "serde_json_number",
+__all__ = ["RUST_WHITESPACE", "fields_once", "no_json_constant", "rust_debug_str", "rust_parse_f64", "serde_json_number",
            "has_lone_surrogate"]
 
 #: Rust's ``char::is_whitespace`` (Unicode White_Space), what ``str::trim`` removes
@@ -180,3 +182,9 @@ def fields_once(on_twice):
         return obj
 
     return build
+
+
+def no_json_constant(name: str):
+    """A ``json.loads`` ``parse_constant`` hook: JSON has no ``NaN``, ``Infinity`` or
+    ``-Infinity``, so the text is refused as invalid JSON, as serde_json refuses it."""
+    raise ValueError(f"{name} is not JSON")

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 
 from model.errors import InvalidInput, check_reservation, rust_display
-from model.rustlib import RUST_WHITESPACE, has_lone_surrogate, serde_json_number
+from model.rustlib import RUST_WHITESPACE, has_lone_surrogate, no_json_constant, serde_json_number
 from model.report import total_order_key, uuid_from_int
 
 __all__ = [
@@ -221,10 +221,6 @@ def parse_mooncake_row(raw: Any, line: int | None = None) -> MooncakeRow:
     return MooncakeRow(**{k: v for k, v in values.items() if v is not None})
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"invalid JSON literal {name}")
-
-
 def parse_failure(line: int, source: str | None) -> str:
     """WL-4: upstream's text for a line serde cannot read as a row (a JSON error or a bad value
     alike; trace.rs:192-198), naming the file as it was given when it is known."""
@@ -245,7 +241,7 @@ def parse_mooncake_line(text: str, line: int, source: str | None = None) -> Moon
         raw = json.loads(
             text,
             object_pairs_hook=JsonObject,
-            parse_constant=_reject_constant,
+            parse_constant=no_json_constant,
             parse_float=serde_json_number,
             parse_int=serde_json_number,
         )

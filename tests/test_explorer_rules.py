@@ -294,6 +294,17 @@ def test_scn1_a_key_given_twice_is_refused(tmp_path):
         load_scenario(f)
 
 
+def test_scn1_nan_and_infinity_are_not_json(tmp_path):
+    """SCN-1: ``json`` reads NaN and +-Infinity; a scenario file is JSON, so they are refused at
+    the syntax, before the engine args' own checks would name a field."""
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        f = tmp_path / "odd.json"
+        f.write_text('{"name": "x", "engine": {"engine_type": "vllm", "speedup_ratio": %s},'
+                     ' "requests": [{"id": "A", "prompt_len": 4, "max_output_tokens": 1}]}' % literal)
+        with pytest.raises(ScenarioError, match=rf"^odd.json: not valid json: {literal} is not JSON$"):
+            load_scenario(f)
+
+
 def test_scn3_segment_names_and_private_prompts_never_share_tokens():
     """SCN-3: "fx" and "jc" fall in the same crc32 bucket; within a scenario the later name takes
     the next free one. Private prompts stay below the segment range."""
