@@ -106,7 +106,8 @@ def shape_of(exploration, v) -> str:
     parts = ["+".join(sorted(p for _name, p in phases if p not in SETTLED_PHASES)) or "nothing live"]
     parts.append("&".join(q for q, held in (("waiting", waiting), ("running", running)) if held) or "idle")
     if free is not None:
-        parts.append("pool exhausted" if free == 0 else "pool free")
+        # below 0 on SGLang, where the metric counts running requests' decode reservations (SG-6)
+        parts.append("pool exhausted" if free <= 0 else "pool free")
     if v.kind == "invariant":
         parts.insert(0, v.name)
     return " | ".join(parts)

@@ -96,6 +96,22 @@ def test_shape_of_the_s6_fresh_head_deadlock():
     assert camp.shape_of(exp, exp.violation("deadlock")) == "D_active(waiting)+waiting(fresh) | waiting | pool free"
 
 
+def test_an_over_committed_sglang_pool_is_exhausted_not_free():
+    """Campaign --seed 9: an S9-like livelock whose running destination R1 holds every slot of a
+    12-slot pool (3 pages of 4) with output still to reserve. By hand (SG-6): ceil((12 in use + at
+    least 1 reserved) / 4) = 4 active pages of 3, so the view's free count is -1, and the shape must
+    call that pool exhausted (it said "free" while the check was ``== 0``)."""
+    camp = _campaign()
+    raw = {"name": "over-committed", "engine": {"engine_type": "sglang", "block_size": 4, "num_gpu_blocks": 3,
+                                                "sglang": {"schedule_conservativeness": 0.0}},
+           "requests": [{"id": "R0", "role": "source", "handoff": "h1", "prompt_len": 1, "max_output_tokens": 2},
+                        {"id": "R1", "role": "destination", "handoff": "h2", "prompt_len": 8, "max_output_tokens": 3}]}
+    exp = explore(scenario_from_dict(raw))
+    v = exp.violation("livelock")
+    assert v is not None and exp.views[v.node][3] == -1
+    assert camp.shape_of(exp, v) == "D_active(running)+S_held | running | pool exhausted"
+
+
 def test_minimize_keeps_the_shape_and_no_single_step_smaller_scenario_shows_it():
     """S6's 3-step form shrinks to a scenario that still deadlocks in the same shape, from which no
     one reduction step keeps that; and it stays an interaction of its two requests: by hand, F alone
