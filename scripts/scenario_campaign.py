@@ -17,14 +17,15 @@ too, and is what the group keeps), *adversarial* when it needs adversarial actio
 splits each group further by the *shape* of the state the counterexample stops in (:func:`shape_of`:
 the phases of its requests and handoffs without their names, whether the queues are empty, whether
 the pool is exhausted, and the invariant's name), so that two defects of one property found in one
-family are both kept instead of only the shorter. ``--minimize`` then shrinks each group's kept
-scenario (:func:`minimize`: fewer requests, engine options and adversarial flags, shorter prompts and
-outputs, a smaller pool, while the group's property still fails in a state of the same shape and in
-no more steps, so that shrinking cannot slide into a different, trivial defect such as a request
-larger than the pool) and records which of its requests show the property on their own (``alone``:
-empty for a defect of the requests' interaction; a request listed there fails even by itself). A deadlock group also gets
-the replay's dead-end diagnosis of the state it stops in (``cause``, spec/replay.md LIVE-6), which
-names S6, S9's retraction or S8's half-prefilled head when the state is one of them. Per
+family are both kept instead of only the shorter. A deadlock group gets the replay's dead-end
+diagnosis of the state its shortest counterexample stops in (``cause``, spec/replay.md LIVE-6), which
+names S6, S9's retraction or S8's half-prefilled head when the state is one of them.
+``--minimize`` then shrinks each group's kept scenario (:func:`minimize`: fewer requests, engine
+options and adversarial flags, shorter prompts and outputs, a smaller pool, while the group's
+property still fails in a state of the same shape and in no more steps, so that shrinking cannot
+slide into a different, trivial defect such as a request larger than the pool), diagnoses the shrunk
+deadlock again, and records which of its requests show the property on their own (``alone``: empty
+for a defect of the requests' interaction; a request listed there fails even by itself). Per
 group the
 script prints how many scenarios showed it and keeps the one with the shortest counterexample. With
 ``--out`` it writes that scenario as ``<group>.json`` (loadable by ``mocker-spec explore``) and a
@@ -258,16 +259,19 @@ def main(argv=None) -> int:
                 if g["steps"] is None or v.length < g["steps"]:
                     g.update(steps=v.length, scenario=src, message=v.message, shape=shape,
                              counterexample=step_names(found, v))
+                    if kind == "deadlock":
+                        g["cause"] = deadlock_diagnosis(found, v).cause
             progress.advance(task)
 
     if a.minimize:
         groups = _minimized(groups)
     table = Table(title=f"seed {a.seed}: {a.count} scenarios, {incomplete} hit the state bound")
-    for col in ("group", "scenarios", "shortest counterexample") + (("shape",) if a.by_shape else ()):
+    for col in ("group", "scenarios", "shortest counterexample", "cause") + (("shape",) if a.by_shape else ()):
         table.add_column(col)
     for name in sorted(groups):
         g = groups[name]
-        table.add_row(name, str(g["scenarios"]), f"{g['steps']} steps", *((g["shape"],) if a.by_shape else ()))
+        table.add_row(name, str(g["scenarios"]), f"{g['steps']} steps", g.get("cause", ""),
+                      *((g["shape"],) if a.by_shape else ()))
     wide = Console(width=None if sys.stdout.isatty() else 200)  # a piped table keeps whole shapes
     wide.print(table if groups else f"seed {a.seed}: {a.count} scenarios, no violation")
     if out is not None:

@@ -7,6 +7,7 @@ import json
 import pathlib
 
 from explorer import explore, scenario_from_dict
+from explorer.outputs import deadlock_diagnosis
 from script_loader import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -37,6 +38,11 @@ def test_each_group_keeps_a_scenario_that_shows_its_violation(tmp_path, capsys):
         exp = explore(scenario_from_dict(raw))
         v = exp.violation(kind)
         assert v is not None and v.length == g["steps"] == len(g["counterexample"]), name
+        # a deadlock group carries the dead-end diagnosis of its kept counterexample (LIVE-6, MC-48)
+        if kind == "deadlock":
+            assert g["cause"] == deadlock_diagnosis(exp, v).cause, name
+        else:
+            assert "cause" not in g, name
         # a cooperative group keeps a scenario without adversarial actions; an adversarial one keeps
         # a scenario whose finding disappears when its adversarial flags are removed
         if mode == "cooperative":
@@ -46,6 +52,7 @@ def test_each_group_keeps_a_scenario_that_shows_its_violation(tmp_path, capsys):
             twin = explore(scenario_from_dict(dict(raw, adversarial={})))
             assert twin.violation(kind) is None, name
     assert {n.split("-")[2] for n in summary["groups"]} == {"cooperative", "adversarial"}
+    assert any(n.startswith("deadlock") for n in summary["groups"])
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys):
