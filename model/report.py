@@ -424,26 +424,24 @@ class TraceCollector:
         return self._update(uuid, **changes)
 
     def on_prefill_admit(self, uuid: str, admit_time_ms: float, reused_input_tokens: int) -> "TraceCollector":
-        c = self.on_admit(uuid, admit_time_ms, reused_input_tokens)
-        tl = c._detail(uuid)
-        if tl is None:
-            return c
-        return c._update(
-            uuid,
-            prefill_admit_ms=tl.prefill_admit_ms if tl.prefill_admit_ms is not None else admit_time_ms,
-            prefill_reused_input_tokens=max(tl.prefill_reused_input_tokens or 0, reused_input_tokens),
-        )
+        return self._side_admit("prefill", uuid, admit_time_ms, reused_input_tokens)
 
     def on_decode_admit(self, uuid: str, admit_time_ms: float, reused_input_tokens: int) -> "TraceCollector":
+        return self._side_admit("decode", uuid, admit_time_ms, reused_input_tokens)
+
+    def _side_admit(self, side: str, uuid: str, admit_time_ms: float, reused_input_tokens: int) -> "TraceCollector":
+        """An admission on one side of a disaggregated replay: the request-wide admission, then the
+        side's first admission time and its largest reuse."""
         c = self.on_admit(uuid, admit_time_ms, reused_input_tokens)
         tl = c._detail(uuid)
         if tl is None:
             return c
-        return c._update(
-            uuid,
-            decode_admit_ms=tl.decode_admit_ms if tl.decode_admit_ms is not None else admit_time_ms,
-            decode_reused_input_tokens=max(tl.decode_reused_input_tokens or 0, reused_input_tokens),
-        )
+        first = getattr(tl, f"{side}_admit_ms")
+        reused = getattr(tl, f"{side}_reused_input_tokens")
+        return c._update(uuid, **{
+            f"{side}_admit_ms": first if first is not None else admit_time_ms,
+            f"{side}_reused_input_tokens": max(reused or 0, reused_input_tokens),
+        })
 
     def _first_wins(self, uuid: str, name: str, value: object) -> "TraceCollector":
         tl = self._detail(uuid)
