@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["RUST_WHITESPACE", "fields_once", "no_json_constant", "rust_debug_str", "rust_parse_f64", "serde_json_number",
-           "has_lone_surrogate"]
+__all__ = ["RUST_WHITESPACE", "fields_once", "no_json_constant", "rust_debug_str", "rust_parse_f64",
+           "serde_json_number", "has_lone_surrogate"]
 
 #: Rust's ``char::is_whitespace`` (Unicode White_Space), what ``str::trim`` removes
 RUST_WHITESPACE = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
