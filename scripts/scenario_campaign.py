@@ -259,7 +259,7 @@ def main(argv=None) -> int:
                 if g["steps"] is None or v.length < g["steps"]:
                     g.update(steps=v.length, scenario=src, message=v.message, shape=shape,
                              counterexample=step_names(found, v))
-                    if kind == "deadlock":
+                    if kind == "deadlock" and not a.minimize:  # --minimize diagnoses the shrunk scenario
                         g["cause"] = deadlock_diagnosis(found, v).cause
             progress.advance(task)
 
