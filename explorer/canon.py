@@ -41,12 +41,12 @@ every core but vLLM/TRT-LLM.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Dict, Hashable, List, Optional, Sequence, Tuple
 
 import attrs
 
 from model import sequence as seqm
-from model.ids import HandoffId, RequestId
+from model.ids import RequestId
 
 # ---------------------------------------------------------------------------------------------
 # Renaming (MC-4)

@@ -9,9 +9,7 @@ per-handoff state diagram from the reachable graph.
 
 from __future__ import annotations
 
-import json
-import pathlib
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import networkx as nx
 

@@ -16,7 +16,7 @@ import gc
 import os
 import time
 from collections import deque
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import attrs
 import networkx as nx
@@ -39,10 +39,6 @@ class Edge:
     dst: int
     action: int
     outcome: Outcome
-
-    @property
-    def self_loop(self) -> bool:
-        return self.src == self.dst
 
 
 @attrs.define

@@ -33,14 +33,14 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import attrs
 
 from model.engine_args import engine_args_from_json, pyo3_conversion_text
 from model.errors import InvalidInput, UpstreamPanic
 from model.report import SUMMARY_WALL_CLOCK_KEYS, SlaThresholds, finish
-from model.replay import (ReplayDeadEnd, ReplayError, ReplayLivelock, ReplaySetup, check_binding_arguments,
+from model.replay import (ReplayError, ReplayLivelock, ReplaySetup, check_binding_arguments,
                           check_mode_arguments, check_setup, run_replay)
 from model.workload import (DEFAULT_TRACE_BLOCK_SIZE, FlatWorkload, canonical_trace_format, normalize_trace_requests,
                             synthetic_replay_workload)

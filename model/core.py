@@ -22,7 +22,7 @@ import attrs
 
 from .engine_args import EngineArgs, EngineType
 from .fpm import ForwardPassSnapshot
-from .protocol import AdmissionEvent, Command, CommandEffects, CommandResult, LifecycleEvent, OutputSignal
+from .protocol import AdmissionEvent, Command, CommandResult, LifecycleEvent, OutputSignal
 
 
 @attrs.frozen

@@ -498,14 +498,6 @@ class TraceCollector:
         d.update(changed)
         return TraceCollector(_adopt(d), self.order, self.capture_per_request, self.sla, self.accounting)
 
-    def request_latencies(self, uuid: str) -> tuple[float, float] | None:
-        """``(ttft_ms, mean_itl_ms or 0)`` once the request has a token (router feedback)."""
-        tl = self.requests.get(uuid)
-        if tl is None or tl.ttft_ms is None:
-            return None
-        tpot = tl.mean_tpot_ms
-        return tl.ttft_ms, (0.0 if tpot is None else tpot)
-
 
 _TIMELINE_FIELDS = tuple(f.name for f in attrs.fields(RequestTimeline))
 _new = object.__new__

@@ -197,13 +197,6 @@ class ActiveSequence:
                 out.append(generated_token(self.request_key, i) if tok is _MODEL_TOKEN else tok)
         return tuple(out)
 
-    def block_token_ids(self) -> tuple[tuple[int, ...], ...]:
-        """Token lists of every full block of the current tokens."""
-        return tuple(self.block_tokens(i) for i in range(len(self) // self.block_size))
-
-    def positional_lineage_hashes(self) -> PVector:
-        return self.plhs
-
     def _block_local_hash(self, index: int) -> int:
         """HASH-1 for a block of explicit tokens; HASH-5b if it holds a model-generated token."""
         bs = self.block_size

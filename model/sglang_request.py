@@ -250,9 +250,6 @@ class SglangRequest:
     def next_output_token(self) -> int:
         return output_token(self.uuid16 or uuid_bytes(self.uuid), len(self.output_ids))
 
-    def with_(self, **changes) -> "SglangRequest":
-        return attrs.evolve(self, **changes)
-
     def reset_for_retract(self) -> "SglangRequest":
         """SG-24: drop every KV field; the outputs are kept (request.rs:151-157)."""
         return SglangRequest(self.uuid, self.prompt, self.max_output_tokens, self.output_ids,

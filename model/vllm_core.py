@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Dict, FrozenSet, List, Optional, Tuple
 
 import attrs
 import xxhash
-from pyrsistent import PMap, PSet, PVector, pmap, pset, pvector
+from pyrsistent import PVector, pvector
 
 from . import handoff_commands as hc
 from . import sequence as seqm

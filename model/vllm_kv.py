@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Iterable, Optional, Union
 
 import attrs
-from pyrsistent import PMap, PVector, pmap, pvector
+from pyrsistent import PMap, pmap, pvector
 
 from model.errors import CommandRejected, InternalInvariantBroken, InvalidInput, check_reservation
 from model.frozen import EMPTY as FROZEN_EMPTY
@@ -770,15 +770,6 @@ class KvSession:
 
     def finish(self) -> tuple[VllmKvState, tuple[KvCacheEvent, ...]]:
         return self._t.finish(), tuple(self._t.events)
-
-
-def process_all(state: VllmKvState, signals: Iterable[Signal]) -> tuple[VllmKvState, tuple[Processed, ...]]:
-    """KV-6/KV-9/KV-10: apply signals in order (a convenience over :func:`process`; no early stop)."""
-    out = []
-    for sig in signals:
-        state, r = process(state, sig)
-        out.append(r)
-    return state, tuple(out)
 
 
 # ---------------------------------------------------------------------------

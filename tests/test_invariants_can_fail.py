@@ -149,6 +149,17 @@ def test_every_registered_invariant_has_a_broken_state():
     assert {inv.name for inv in invariants.REGISTRY} == set(_CASES)
 
 
+def test_assert_holds_raises_with_every_violation_and_passes_a_sound_state():
+    """The assertion form of the registry: silent on the fixture core, and on a broken one an
+    ``InvariantViolation`` carrying what :func:`invariants.violations` finds."""
+    invariants.assert_holds(_core("vllm"))
+    broken = _CASES["src_bijective"]
+    with pytest.raises(invariants.InvariantViolation) as err:
+        invariants.assert_holds(broken)
+    assert [v.invariant.name for v in err.value.violations] == ["src_bijective"]
+    assert str(err.value).startswith("src_bijective (")
+
+
 def test_kv_ownership_message_counts_each_differing_block():
     """VGEN-2: the message lists every full block whose KV references and owner count differ, as
     ``(kv, owners)``. Dropping request a from the fixture (a: blocks [0-3] and [4-7]; b shares

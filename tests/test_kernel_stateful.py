@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from pyrsistent import pdeque
 
 import invariants
-from model import active_handoffs, destination_holds, pending_destinations, source_holds
+from model import source_holds
 from model.active_handoffs import ActiveHandoffRequests
 from model.destination_holds import DestinationHolds
 from model.errors import ModelError

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from model import testing as T
 from model.engine_args import engine_args_from_json

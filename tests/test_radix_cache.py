@@ -13,6 +13,7 @@ from model.errors import InternalInvariantBroken, InvalidInput
 from model.radix_cache import (
     ROOT,
     allocate_slots,
+    free_slots,
     dec_lock_ref,
     evict,
     get_node,
@@ -48,6 +49,19 @@ def test_token_pool_allocate_and_free():
     assert pool.available == 3
     pool = pool_free(pool, b)
     assert pool.available == 10
+
+
+def test_cache_slot_wrappers_keep_the_pool_order():
+    """POOL-2 and POOL-3 through the cache: a fresh pool hands out its last free-list entries, and
+    freeing appends in the given order with no check (a slot freed twice is listed twice)."""
+    cache = new_radix_cache(6, 1)
+    cache, got = allocate_slots(cache, 2)
+    # free list [5, 4, 3, 2, 1, 0]; the last two entries, in list order
+    assert got == (1, 0)
+    assert cache.pool.free_list == (5, 4, 3, 2)
+    cache, none = free_slots(cache, (0, 1, 0))
+    assert none is None
+    assert cache.pool.free_list == (5, 4, 3, 2, 0, 1, 0) and cache.pool.available == 7
 
 
 def test_match_prefix():

@@ -16,7 +16,7 @@ from model import core as C
 from model.engine_args import engine_args_from_json
 from model.errors import InternalInvariantBroken, InvalidInput
 from model.ids import HandoffId
-from model.report import TerminalStatus, TraceCollector, finish
+from model.report import TerminalStatus, finish
 from model.replay import ReplayDeadEnd, ReplayLivelock, ReplaySetup, check_setup, run_replay
 from model.replay.common import EventHeap, made_progress
 from model.replay.coordinator import (

@@ -408,7 +408,8 @@ def test_structure_invariants(prompt_len, bs, steps):
         n_full = sum(isinstance(b, FullBlock) for b in seq.unique_blocks)
         assert all(isinstance(b, FullBlock) for b in seq.unique_blocks[:n_full])
         assert len(seq.plhs) == n_full == len(seq.block_hashes)
-        assert len(seq.unique_blocks) == -(-len(seq) // bs)
+        assert len(seq.unique_blocks) == -(-len(seq) // bs) == seq.current_known_blocks()
+        assert seq.extra_tokens == len(seq) % bs
         toks = [seq.token_at(i) for i in range(len(seq))]
         assert [b.seq_hash for b in seq.unique_blocks[:n_full]] == sequence_hashes(
             [seq._block_local_hash(i) for i in range(n_full)]

@@ -26,7 +26,7 @@ from fractions import Fraction
 import attrs
 import pytest
 
-from core_helpers import Collector, Core, RouterIndex, args, removed_event_count, request, stored_hashes, u
+from core_helpers import Core, RouterIndex, args, removed_event_count, request, stored_hashes, u
 from invariants.sglang_core import lock_counts, queues_consistent, slot_conservation
 from model import sglang_kv as skv
 from model.engine_args import EngineArgs, SchedulePolicy, SglangArgs
@@ -38,17 +38,15 @@ from model.protocol import (
     APPLIED,
     NOOP,
     ActivateDestination,
-    CancelDestination,
     DestinationAccepted,
     DestinationReserved,
-    ReserveDestination,
     SourceHeld,
     Submit,
     SubmitHandoffPrefill,
     Submitted,
 )
 from model.radix_cache import ROOT, allocate_slots
-from model.sglang_core import SglangCore, _Txn, new_sglang_core
+from model.sglang_core import _Txn, new_sglang_core
 from model.sglang_request import (
     SglangRequest,
     ceil_to_block,

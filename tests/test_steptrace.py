@@ -140,6 +140,25 @@ def test_effect_encodings_of_every_operation():
                         "transferable_prompt_tokens": 16}]
 
 
+def test_command_encoding_reads_back_as_the_same_command():
+    """STEP-5 / STEP-6: ``encode_command`` is the inverse of the step reader for all seven commands,
+    with and without the request's optional fields."""
+    full = dict(req("r0", 5), dp_rank=1, arrival_timestamp_ms=2.5)
+    for n, op in enumerate(S.COMMAND_OPS, 1):
+        for request in (req("r0", 5), full):
+            obj = {"step": n, "op": op}
+            if op != "submit":
+                obj["handoff_id"] = "h0"
+            if op in ("submit", "submit_prefill", "reserve_destination"):
+                obj["request"] = request
+            command = S._parse_step(obj, n, n).command
+            encoded = S.encode_command(command)
+            assert encoded == {k: v for k, v in obj.items() if k != "step"}
+            assert S._parse_step(dict(encoded, step=1), 1, 1).command == command
+    with pytest.raises(TypeError, match="not a protocol command"):
+        S.encode_command("submit")
+
+
 def test_sglang_pass_ends_with_router_events_at_pass_end():
     """STEP-13 on the SGLang core."""
     objs = recorded({"engine_type": "sglang", "block_size": 2, "num_gpu_blocks": 40}, agg_ops()[:3])

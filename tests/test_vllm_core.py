@@ -24,7 +24,7 @@ import attrs
 import pytest
 from pyrsistent import pmap, pset, pvector
 
-from core_helpers import Collector, Core, RouterIndex, args, removed_event_count, request, stored_hashes, u
+from core_helpers import Collector, Core, RouterIndex, args, request, stored_hashes, u
 from model import sequence as seqm
 from model import vllm_kv as kvm
 from model.errors import DestinationUnsupported, RequestAlreadyActive

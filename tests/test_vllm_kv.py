@@ -34,7 +34,7 @@ from model.sequence import (
     take_creation_signal,
 )
 from model.vllm_kv import (
-    DestinationReservation,
+    active_perc,
     _LineageTxn,
     LineageIndex,
     activate_destination,
@@ -493,6 +493,7 @@ def test_shared_prefix_distinct_vs_refcount():
     s, _ = process(s, Use(tuple(FullBlock(i) for i in (10, 11, 13)), (), tuple(plh(i) for i in (10, 11, 13))))
     assert num_active_blocks(s) == 4
     assert num_active_block_refs(s) == 6
+    assert active_perc(s) == 4 / 8  # distinct blocks over the pool, not references (6 / 8)
 
 
 def test_random_plh_stable_across_preempt_retry():

@@ -9,13 +9,13 @@ transfer-completion events.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Deque, Dict, Optional, Sequence, Tuple
 
 import attrs
 
 from model.engine_args import EngineArgs, EngineType
 from model.errors import CommandRejected, InternalInvariantBroken, InvalidInput
-from model.ids import HandoffId, RequestId
+from model.ids import HandoffId
 from model.protocol import (
     APPLIED,
     NOOP,
