@@ -1,4 +1,4 @@
-"""LIVE-6: dead-end diagnoses (model/replay/dead_end.py).
+"""LIVE-6 and FID-5: dead-end diagnoses (model/replay/dead_end.py).
 
 The dead ends here are recorded from the compiled reference (tests/goldens/refcases, expected.status)
 and reproduced by the model (test_replay.py checks the message); these tests check why the model

@@ -996,6 +996,29 @@ def test_a_reference_that_leaves_a_process_holding_its_log_open_does_not_hang_th
     assert time.monotonic() - t0 < 20
 
 
+def test_compare_skips_wall_clock_keys_and_uuids_and_matches_rows_by_content():
+    """FID-2: the summary's wall-clock keys are never compared; FID-3: neither are uuids, and rows
+    are paired by content, whatever order each side lists them in; FID-4: a model livelock agrees
+    with a reference hang, and with nothing else."""
+    from mocker_spec.reference import Outcome, WALL_CLOCK_KEYS, compare
+
+    a = {"uuid": "x1", "arrival_time_ms": 0.0, "input_length": 4, "output_length": 2, "ttft_ms": 1.0}
+    b = {"uuid": "x2", "arrival_time_ms": 5.0, "input_length": 8, "output_length": 1, "ttft_ms": 2.0}
+    summary = {"completed_requests": 2, "wall_time_ms": 10.0}
+    summary.update({k: 1.0 for k in WALL_CLOCK_KEYS})
+    assert {"processed_tokens_per_s", "processed_output_tokens_per_s"} <= WALL_CLOCK_KEYS
+    ours = Outcome("ok", "", summary, [a, b])
+    theirs = Outcome("ok", "", dict({k: 99.0 for k in summary}, completed_requests=2),
+                     [dict(b, uuid="y2"), dict(a, uuid="y1")])
+    assert compare(ours, theirs) is None
+    off = Outcome("ok", "", dict(theirs.summary, completed_requests=3), theirs.records)
+    assert compare(ours, off).field == "completed_requests"
+    hang = Outcome("timeout", "")
+    assert compare(Outcome("livelock", "livelock: decode worker ..."), hang) is None
+    assert compare(ours, hang).where == "status"
+    assert compare(Outcome("livelock", "livelock"), Outcome("error", "dead end")).where == "status"
+
+
 def test_compare_reports_first_divergent_field():
     from mocker_spec.reference import Outcome, compare
 
@@ -1467,7 +1490,7 @@ def test_casegen_tight_variant_cuts_every_pool_to_its_largest_request():
 
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
 def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
-    """LIVE-5: the compiled build hangs on both (recorded as timeout). SGLang variant on the
+    """LIVE-5, FID-4, FID-8: the compiled build hangs on both (recorded as timeout). SGLang variant on the
     decode pool (a lone running request cannot reserve its next token slot, the snapshot still
     counts it as scheduled); vLLM on the prefill pool (a request admits itself and preempts itself
     back)."""
