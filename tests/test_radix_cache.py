@@ -13,9 +13,9 @@ from model.errors import InternalInvariantBroken, InvalidInput
 from model.radix_cache import (
     ROOT,
     allocate_slots,
-    free_slots,
     dec_lock_ref,
     evict,
+    free_slots,
     get_node,
     inc_lock_ref,
     insert,

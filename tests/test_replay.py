@@ -1490,10 +1490,10 @@ def test_casegen_tight_variant_cuts_every_pool_to_its_largest_request():
 
 @pytest.mark.parametrize("case, stage", [("gen-1-0136", "decode"), ("gen-1-0156", "prefill")])
 def test_fresh_reference_hangs_are_diagnosed_on_the_right_pool(case, stage):
-    """LIVE-5, FID-4, FID-8: the compiled build hangs on both (recorded as timeout). SGLang variant on the
-    decode pool (a lone running request cannot reserve its next token slot, the snapshot still
-    counts it as scheduled); vLLM on the prefill pool (a request admits itself and preempts itself
-    back)."""
+    """LIVE-5, FID-4, FID-8: the compiled build hangs on both (recorded as timeout). SGLang variant
+    on the decode pool (a lone running request cannot reserve its next token slot, the snapshot
+    still counts it as scheduled); vLLM on the prefill pool (a request admits itself and preempts
+    itself back)."""
     from mocker_spec.reference import load_case, run_model
 
     job, ref = load_case(GOLDENS / case)

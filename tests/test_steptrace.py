@@ -151,10 +151,10 @@ def test_command_encoding_reads_back_as_the_same_command():
                 obj["handoff_id"] = "h0"
             if op in ("submit", "submit_prefill", "reserve_destination"):
                 obj["request"] = request
-            command = S._parse_step(obj, n, n).command
+            command = S.parse_step(obj, n, n).command
             encoded = S.encode_command(command)
             assert encoded == {k: v for k, v in obj.items() if k != "step"}
-            assert S._parse_step(dict(encoded, step=1), 1, 1).command == command
+            assert S.parse_step(dict(encoded, step=1), 1, 1).command == command
     with pytest.raises(TypeError, match="not a protocol command"):
         S.encode_command("submit")
 
