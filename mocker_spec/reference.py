@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
@@ -697,13 +697,41 @@ def compare(ours: Outcome, ref: Outcome) -> Optional[Divergence]:
     return None
 
 
-def fid7_signature(case: Mapping[str, Any], ours: Outcome, ref: Outcome) -> Optional[str]:
+@attrs.frozen
+class Fid7Evidence:
+    """The request (or group of requests) that carries FID-7's signature: the reference's rows, the
+    reuse field, and the tokens it sums to in the model and in the reference."""
+
+    field: str
+    model: int
+    reference: int
+    rows: Tuple[Dict[str, Any], ...]  # the reference's rows, in arrival order
+
+    def describe(self) -> str:
+        where = " on its decode worker" if self.field == "decode_reused_input_tokens" else ""
+        b = self.rows[0]
+        if len(self.rows) == 1:
+            return (f"FID-7 signature: the request arriving at {b.get('arrival_time_ms')!r} ms (input "
+                    f"{b.get('input_length')}) reuses {self.model} tokens{where} in the model, "
+                    f"{self.reference} in the reference")
+        return (f"FID-7 signature: the {len(self.rows)} requests of input {b.get('input_length')} and output "
+                f"{b.get('output_length')} arriving from {b.get('arrival_time_ms')!r} ms reuse {self.model} "
+                f"tokens{where} in all in the model, {self.reference} in the reference")
+
+
+def fid7_evidence(case: Mapping[str, Any], ours: Outcome, ref: Outcome) -> Optional[Fid7Evidence]:
     """FID-7's signature in a difference, as a hint (not a verdict): both runs complete with the
     same requests, a vLLM or TRT-LLM worker is involved, and some request reuses more prompt tokens
     in the model than in the reference (the pinned source keeps the blocks a failing prefill chunk
     got; the compiled build's newer all-or-nothing Use does not), on its aggregated or prefill
     worker (``reused_input_tokens``) or on its decode worker (``decode_reused_input_tokens``). The
-    first such request, or None."""
+    first such request in the reference's arrival order, or None.
+
+    A request is known by its arrival, lengths, session and turn. Rows that share all of them, or
+    whose arrival moved (a later turn of a session arrives when the turn before it ends, so the
+    difference itself can shift it), are matched only as a group of equal lengths, session and
+    turn: the group carries the signature when its rows reuse more in all in the model, which holds
+    for some request of it however its rows pair up."""
     if ours.status != "ok" or ref.status != "ok" or ours.records is None or ref.records is None:
         return None
     engines = {(case.get(k) or {}).get("engine_type", "vllm")
@@ -711,19 +739,35 @@ def fid7_signature(case: Mapping[str, Any], ours: Outcome, ref: Outcome) -> Opti
     if not engines & {"vllm", "trtllm"} or len(ours.records) != len(ref.records):
         return None
     ident = ("arrival_time_ms", "input_length", "output_length", "session_id", "turn_index")
-    mine = {tuple(r.get(f) for f in ident): r for r in ours.records}
-    if len(mine) != len(ours.records):
-        return None  # rows the identifying fields cannot tell apart: no claim
-    for b in sorted(ref.records, key=_row_key):
-        a = mine.get(tuple(b.get(f) for f in ident))
-        if a is None:
-            return None
-        for field, where in (("reused_input_tokens", ""), ("decode_reused_input_tokens", " on its decode worker")):
-            m, r = a.get(field), b.get(field)
-            if isinstance(m, int) and isinstance(r, int) and m > r:
-                return (f"FID-7 signature: the request arriving at {b.get('arrival_time_ms')!r} ms (input "
-                        f"{b.get('input_length')}) reuses {m} tokens{where} in the model, {r} in the reference")
+
+    def group(rows: Sequence[Mapping[str, Any]], fields: Sequence[str]) -> Dict[Tuple, List[Dict[str, Any]]]:
+        out: Dict[Tuple, List[Dict[str, Any]]] = {}
+        for r in rows:
+            out.setdefault(tuple(r.get(f) for f in fields), []).append(dict(r))
+        return out
+
+    mine, theirs = group(ours.records, ident), group(ref.records, ident)
+    # one row on each side: matched as one request; the others by lengths, session and turn
+    single = {k for k, rows in theirs.items() if len(rows) == 1 and len(mine.get(k, ())) == 1}
+    loose_mine = group([r for k, rows in mine.items() if k not in single for r in rows], ident[1:])
+    loose_theirs = group([r for k, rows in theirs.items() if k not in single for r in rows], ident[1:])
+    if {k: len(v) for k, v in loose_mine.items()} != {k: len(v) for k, v in loose_theirs.items()}:
+        return None  # not the same requests
+    pairs = [(mine[k], theirs[k]) for k in single]
+    pairs += [(loose_mine[k], sorted(rows, key=_row_key)) for k, rows in loose_theirs.items()]
+    for a_rows, b_rows in sorted(pairs, key=lambda p: _row_key(p[1][0])):
+        for field in ("reused_input_tokens", "decode_reused_input_tokens"):
+            m = [r.get(field) for r in a_rows]
+            t = [r.get(field) for r in b_rows]
+            if all(isinstance(x, int) and not isinstance(x, bool) for x in m + t) and sum(m) > sum(t):
+                return Fid7Evidence(field, sum(m), sum(t), tuple(b_rows))
     return None
+
+
+def fid7_signature(case: Mapping[str, Any], ours: Outcome, ref: Outcome) -> Optional[str]:
+    """:func:`fid7_evidence` as the line ``mocker-spec diff`` prints, or None."""
+    found = fid7_evidence(case, ours, ref)
+    return found.describe() if found else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ For a case directory of the corpus layout (``case.json``, ``trace.jsonl`` and th
 reference outputs), the script runs the model, compares it with the recording and prints one
 Markdown row: the case, its family (the generator command, from the case's name), the pool where
 the difference starts, the request that carries FID-7's
-signature (``mocker_spec.reference.fid7_signature``), its reuse in the model and in the reference
+signature (``mocker_spec.reference.fid7_evidence``; the sum over a group of rows the comparison
+cannot tell apart), its reuse in the model and in the reference
 and the difference in blocks, the first divergence, and how many report rows differ. The last
 column of the spec's table (where the all-or-nothing variant was checked) is the triager's, so the
 script leaves a ``?`` there.
@@ -24,19 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from mocker_spec.reference import (
-    REL_TOL_RECORD,
-    CaseError,
-    Outcome,
-    _close,
-    _row_key,
-    check_loaded_case,
-    fid7_signature,
-    load_case,
-)
-
-REUSE_FIELDS = (("reused_input_tokens", ""), ("decode_reused_input_tokens", "decode"))
-IDENT = ("arrival_time_ms", "input_length", "output_length", "session_id", "turn_index")
+from mocker_spec.reference import REL_TOL_RECORD, CaseError, Outcome, _close, _row_key, check_loaded_case, fid7_evidence, load_case
 
 
 def _num(x: float) -> str:
@@ -103,31 +92,22 @@ def fid7_row(case_dir: Path) -> Optional[str]:
     """The case's table row, or None when it does not carry FID-7's signature."""
     job, ref = load_case(case_dir)
     ours, ref, div = check_loaded_case(job, ref)
-    if div is None or fid7_signature(job, ours, ref) is None:
+    found = fid7_evidence(job, ours, ref)
+    if div is None or found is None:
         return None
     pairs = _pairs(ours, ref)
-    # the signature's request: the first (in arrival order) whose reuse is larger in the model
-    hit = None
-    for a, b in pairs:
-        for field, side in REUSE_FIELDS:
-            m, r = a.get(field), b.get(field)
-            if isinstance(m, int) and isinstance(r, int) and m > r:
-                hit = (a, b, field, side, m, r)
-                break
-        if hit:
-            break
-    assert hit is not None  # fid7_signature found one
-    a, b, field, side, m, r = hit
-    decode_side = side == "decode"
+    decode_side = found.field == "decode_reused_input_tokens"
+    m, r, b = found.model, found.reference, found.rows[0]
     args = job["engine_args"] if job["mode"] == "agg" else job["decode_engine_args" if decode_side else "prefill_engine_args"]
     blocks = (m - r) // int(args["block_size"])
     reuse = f"{m} / {r}" + (" on decode" if decode_side else "") + f" (+{blocks} block{'s' if blocks != 1 else ''})"
+    who = _who(b) if len(found.rows) == 1 else f"{len(found.rows)} {b.get('input_length')}-token requests from {_num(b.get('arrival_time_ms'))} ms"
     differing = sum(1 for x, y in pairs if any(k != "uuid" and not _close(x.get(k), v, REL_TOL_RECORD)
                                              for k, v in y.items()))
     # the first divergence, in the comparison's order
     req = div.request or {}
     same = all(req.get(f) == b.get(f) for f in ("arrival_time_ms", "input_length", "output_length"))
-    if div.where == "record" and div.field == field and same:
+    if div.where == "record" and div.field == found.field and same:
         first = "the reuse itself"
     elif div.where == "record" and isinstance(div.ours, (int, float)) and isinstance(div.reference, (int, float)):
         delta = div.reference - div.ours
@@ -135,7 +115,7 @@ def fid7_row(case_dir: Path) -> Optional[str]:
         first = f"`{div.field}` of {whose}, {abs(delta):.2f} ms {'later' if delta > 0 else 'earlier'} in the reference"
     else:
         first = div.describe()
-    return (f"| {case_dir.name} | {family(case_dir.name)} | {configuration(job, decode_side)} | {_who(b)} | "
+    return (f"| {case_dir.name} | {family(case_dir.name)} | {configuration(job, decode_side)} | {who} | "
             f"{reuse} | {first} | {differing} of {len(pairs)} | ? |")
 
 

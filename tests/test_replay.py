@@ -1592,6 +1592,41 @@ def test_fid7_signature_names_the_request_and_nothing_else(capsys):
     assert f"{len(FID7_CASES)} of the {len(FID7_CASES) + 1} difference(s) carry FID-7's signature" in out
 
 
+def test_fid7_signature_matches_moved_and_twin_rows_as_groups():
+    """FID-7 detection when rows cannot be matched one to one (genslp-1471-0015: a session's later
+    turns arrive when the turn before ends, so the difference moves their arrivals, and the hint
+    once gave up). A row whose arrival moved, and rows identical in every identifying field, are
+    compared as a group of equal lengths, session and turn, by the reuse they sum to (if the
+    model's sum is larger, some request of the group reuses more however the rows pair up)."""
+    from mocker_spec.reference import Outcome, fid7_evidence, fid7_signature
+
+    vllm = {"engine_args": {"engine_type": "vllm"}}
+
+    def row(arrival, isl, reuse):
+        return {"arrival_time_ms": arrival, "input_length": isl, "output_length": 1, "reused_input_tokens": reuse}
+
+    # the flagged request keeps its arrival; a later turn (32 tokens) moves from 10.0 to 10.5 ms
+    ours = Outcome("ok", records=[row(0.0, 64, 60), row(10.0, 32, 0)])
+    ref = Outcome("ok", records=[row(0.0, 64, 40), row(10.5, 32, 0)])
+    assert fid7_signature(vllm, ours, ref) == ("FID-7 signature: the request arriving at 0.0 ms (input 64) "
+                                               "reuses 60 tokens in the model, 40 in the reference")
+    # the moved turn is the one that reuses more: named by its arrival in the reference
+    ours = Outcome("ok", records=[row(0.0, 64, 40), row(10.0, 32, 32)])
+    ref = Outcome("ok", records=[row(0.0, 64, 40), row(10.5, 32, 16)])
+    found = fid7_evidence(vllm, ours, ref)
+    assert (found.model, found.reference, found.rows[0]["arrival_time_ms"]) == (32, 16, 10.5)
+    # twins: 60 + 0 against 0 + 40 is more in all; 0 + 40 against 40 + 0 is no claim
+    twins = fid7_evidence(vllm, Outcome("ok", records=[row(0.0, 64, 60), row(0.0, 64, 0)]),
+                          Outcome("ok", records=[row(0.0, 64, 0), row(0.0, 64, 40)]))
+    assert (twins.model, twins.reference, len(twins.rows)) == (60, 40, 2)
+    assert "the 2 requests of input 64 and output 1 arriving from 0.0 ms reuse 60 tokens in all" in twins.describe()
+    assert fid7_evidence(vllm, Outcome("ok", records=[row(0.0, 64, 0), row(0.0, 64, 40)]),
+                         Outcome("ok", records=[row(0.0, 64, 40), row(0.0, 64, 0)])) is None
+    # a row of other lengths is another request: no claim
+    assert fid7_evidence(vllm, Outcome("ok", records=[row(0.0, 64, 60), row(10.0, 33, 0)]),
+                         Outcome("ok", records=[row(0.0, 64, 40), row(10.5, 32, 0)])) is None
+
+
 def test_cli_diff_corpus_jobs_gives_the_same_table_in_the_same_order(tmp_path, capsys):
     """``diff --corpus --jobs N`` runs the cases in N worker processes: the table, its row order,
     the differences, the FID-7 count and the exit status are those of one process.  A corpus of
