@@ -75,7 +75,10 @@ FUZZ_FLAGS = {"bad": "", "odd": "--odd ", "txt": "--text "}
 
 def family(name: str) -> str:
     """The command that generates the case's family, from its name (``genxsl-223-0009``)."""
-    kind, seed, _index = name.rsplit("-", 2)
+    parts = name.rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        return "?"
+    kind, seed, _index = parts
     if kind in FUZZ_FLAGS:
         return f"`refusal_fuzz.py {FUZZ_FLAGS[kind]}--seed {seed}`"
     if not kind.startswith("gen") or any(ch not in dict(GEN_FLAGS) for ch in kind[3:]):

@@ -56,3 +56,4 @@ def test_family_commands_follow_the_generators_names():
     assert rows.family("odd-101-0231") == "`refusal_fuzz.py --odd --seed 101`"
     assert rows.family("bad-53-0264") == "`refusal_fuzz.py --seed 53`"
     assert rows.family("fid-7-minimal") == "?"
+    assert rows.family("reduced") == "?" and rows.family("gen-x-0001") == "?"
