@@ -786,6 +786,29 @@ def test_zero_output_sglang_request_stops_at_the_sim_time_cap():
     assert summary["completed_requests"] == 1
 
 
+@pytest.mark.parametrize("mode", ["single", "agg", "disagg"])
+def test_budget_stops_a_timed_loop_with_an_arrival_far_ahead(monkeypatch, mode):
+    """LIVE-4 with an arrival to come: a zero-output SGLang request loops with the clock advancing
+    (LIVE-7's shape) while the last request arrives only at 10^12 ms, so no repeat may be taken as
+    proof and, before the budget counted such steps, the run spun towards that arrival (the
+    compiled build hangs: golden `zero-output-sglang-far-arrival`, odd-109-0240). Each runtime
+    now stops as a suspected livelock that names the next arrival."""
+    import model.replay.livelock as L
+
+    monkeypatch.setattr(L, "STEP_BUDGET", 300)
+    sg = dict(engine_type="sglang", num_gpu_blocks=64, block_size=16)
+    if mode == "disagg":
+        setup = ReplaySetup(prefill_args=_args(worker_type="prefill", **sg), decode_args=_args(worker_type="decode", **sg))
+    else:
+        setup = ReplaySetup(engine_args=_args(**sg), num_workers=1 if mode == "single" else 2)
+    reqs = (_req(1, 32, 4, 0.0), _req(2, 32, 0, 1.0), _req(3, 16, 2, 1e12))
+    with _Deadline(60), pytest.raises(ReplayLivelock) as exc:
+        run_replay(setup, FlatWorkload(reqs))
+    d = exc.value.diagnosis
+    assert not d.proven and d.now_ms < 1e12
+    assert str(exc.value).startswith("suspected livelock") and "next arrival at t=1000000000000.0 ms" in str(exc.value)
+
+
 def test_step_budget_reports_unproven_livelock(monkeypatch):
     """LIVE-4: without a repeatable canonical form the budget stops the loop ("suspected")."""
     import itertools
@@ -1737,10 +1760,11 @@ def test_synthetic_workload_is_built_between_the_binding_and_the_mode_checks(job
 
 
 def test_silent_steps_that_cannot_be_recorded_still_meet_the_budget(monkeypatch):
-    """LIVE-4, LIVE-7: watched clock steps that emit and complete nothing but are never recordable
-    (here: activity on every step, several pending events) count towards the budget too, so such a
-    run stops as a suspected livelock instead of spinning; an emission or an arrival to come resets
-    the count."""
+    """LIVE-4, LIVE-7: clock steps that emit and complete nothing but are never recordable (here:
+    activity on every step, several pending events) count towards the budget too, so such a run
+    stops as a suspected livelock instead of spinning; so do steps with an arrival still to come
+    (odd-109-0240 looped towards an arrival at 10^12 ms). An emission, a released arrival or a cap
+    resets the count."""
     import model.replay.livelock as L
 
     monkeypatch.setattr(L, "STEP_BUDGET", 50)
@@ -1753,16 +1777,20 @@ def test_silent_steps_that_cannot_be_recorded_still_meet_the_budget(monkeypatch)
             return None
 
     watch = L.TimedWatch()
+    step = lambda ahead=False, released=0, capped=False: watch.step(Events(), capped, ahead, released, lambda: True)
     for i in range(49):
         watch.note_activity()  # a zero-duration pass, say: not a quiet step
-        assert watch.step(Events(), True, lambda: True) is None
+        assert step() is None
     watch.note_emission()
-    assert watch.step(Events(), True, lambda: True) is None  # an emission resets the count
+    assert step() is None  # an emission resets the count
     for i in range(49):
         watch.note_activity()
-        assert watch.step(Events(), True, lambda: True) is None
-    assert watch.step(Events(), False, lambda: True) is None  # an arrival to come resets it too
-    steps = [watch.step(Events(), True, lambda: True) for _ in range(50)]
+        assert step() is None
+    assert step(released=1) is None  # a released arrival resets it
+    for i in range(49):
+        assert step(ahead=True, released=1) is None  # an arrival to come does not
+    assert step(ahead=True, released=1, capped=True) is None  # a cap does
+    steps = [step(ahead=i % 2 == 0, released=1) for i in range(50)]
     assert steps[:-1] == [None] * 49
     det, one, pending, admitted = steps[-1]
     assert det.observe(lambda: None, 0.0) == (-1, 0.0)

@@ -120,9 +120,9 @@ class _AggRun(ClockedRun):
 
     def watch_timed_cycle(self) -> None:
         """LIVE-7: before the clock advances, with no arrival to come and no cap, record the state
-        that determines the rest of the run."""
-        step = self.timed.step(self.events, self.max_sim_time_ms is None and self.adm.next_ready_time_ms() is None,
-                               self.pool.quiet_between_steps)
+        that determines the rest of the run (LIVE-4's budget counts with an arrival to come too)."""
+        step = self.timed.step(self.events, self.max_sim_time_ms is not None, self.adm.next_ready_time_ms() is not None,
+                               self.adm.released, self.pool.quiet_between_steps)
         if step is None:
             return
         det, one, pending, admitted = step
@@ -135,7 +135,9 @@ class _AggRun(ClockedRun):
             w_idx = one[1][0] if one is not None and one[0] == WORKER_COMPLETION else min(pending or {(0,)})[0]
             w = self.pool.workers[w_idx]
             diag = diagnose("agg", "aggregated", w.idx, self.now, w.core, found[0], det.admitted)
-            raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1]))
+            ahead = self.adm.next_ready_time_ms()
+            other = (f"next arrival at t={ahead!r} ms",) if ahead is not None else ()
+            raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1], other=other))
 
     def drain_current_timestamp(self) -> None:
         """DRV-12: completions, arrivals, then passes, until nothing changes."""

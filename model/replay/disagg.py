@@ -565,9 +565,10 @@ class _DisaggRun(ClockedRun):
 
     def watch_timed_cycle(self) -> None:
         """LIVE-7: before the clock advances, with no arrival to come and no cap, record the state
-        that determines the rest of the run (several pending events only with no queued action)."""
+        that determines the rest of the run (several pending events only with no queued action;
+        LIVE-4's budget counts with an arrival to come too)."""
         step = self.timed.step(
-            self.events, self.max_sim_time_ms is None and self.adm.next_ready_time_ms() is None,
+            self.events, self.max_sim_time_ms is not None, self.adm.next_ready_time_ms() is not None, self.adm.released,
             lambda: (self.actions.is_empty() and self.prefill.quiet_between_steps()
                      and self.decode.quiet_between_steps()))
         if step is None:
@@ -594,7 +595,9 @@ class _DisaggRun(ClockedRun):
                 stage, w_idx = DECODE, 0
             w = self.pool(stage).workers[w_idx]
             diag = diagnose("disagg", stage, w.idx, self.now, w.core, found[0], det.admitted)
-            raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1], other=self._livelock_context()))
+            ahead = self.adm.next_ready_time_ms()
+            other = self._livelock_context() + ((f"next arrival at t={ahead!r} ms",) if ahead is not None else ())
+            raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1], other=other))
 
     def _livelock_context(self) -> Tuple[str, ...]:
         out = [f"requests in flight: {self.logical_in_flight}"]

@@ -277,9 +277,11 @@ class TimedWatch:
         self.admitted: List[str] = []
         self.one = TimedCycleDetector()  # exactly one pending event
         self.several = TimedCycleDetector()  # several, all quiet completions
-        #: LIVE-4: consecutive watched clock steps that emitted and completed nothing, recordable
-        #: or not (a run whose steps are never recordable would otherwise spin forever)
+        #: LIVE-4: consecutive clock steps (no cap) that emitted, completed and released nothing,
+        #: recordable or not, with an arrival still to come or not (a run whose steps are never
+        #: recordable, or that loops until a far arrival, would otherwise spin for ever)
         self.silent_steps = 0
+        self._released_seen = 0
 
     def note_activity(self) -> None:
         self.activity += 1
@@ -299,15 +301,17 @@ class TimedWatch:
         for a in res.admissions:
             self.admitted.append(a.uuid.value)
 
-    def step(self, events, watching: bool, quiet_ok):
-        """``(detector, one, pending, admitted)`` when this clock step may be recorded, else None.
-        ``watching`` is false under a cap or with an arrival to come; ``quiet_ok()`` holds when
-        nothing outside the pending completions can act (idle or busy workers, no queued action)."""
+    def step(self, events, capped: bool, arrival_ahead: bool, released: int, quiet_ok):
+        """``(detector, one, pending, admitted)`` when this clock step may be recorded or LIVE-4's
+        budget is spent, else None. ``capped``: a ``max_sim_time_ms`` is set; ``arrival_ahead``: an
+        arrival or session turn is still to come; ``released``: the arrivals released so far;
+        ``quiet_ok()`` holds when nothing outside the pending completions can act (idle or busy
+        workers, no queued action)."""
         quiet = self.activity == self._activity_seen
-        silent = self.emitted == self._emitted_seen
-        self._activity_seen, self._emitted_seen = self.activity, self.emitted
+        silent = self.emitted == self._emitted_seen and released == self._released_seen
+        self._activity_seen, self._emitted_seen, self._released_seen = self.activity, self.emitted, released
         admitted, self.admitted = self.admitted, []
-        if not watching:
+        if capped:
             self.one.reset()
             self.several.reset()
             self.silent_steps = 0
@@ -315,6 +319,10 @@ class TimedWatch:
         self.silent_steps = self.silent_steps + 1 if silent else 0
         if self.silent_steps >= STEP_BUDGET:  # LIVE-4: a suspected livelock, whatever the regime
             return _BudgetSpent(admitted), events.only_event(), events.quiet_completions(), admitted
+        if arrival_ahead:  # a repeat would prove the loop only up to that arrival
+            self.one.reset()
+            self.several.reset()
+            return None
         one = events.only_event() if silent else None
         pending = None
         if quiet and one is None:

@@ -19,6 +19,7 @@ from model.workload import ReplayRequest
 from .admission import WorkloadAdmission, make_admission, record_visible_pass, to_direct
 from .common import ReplayDeadEnd, ReplayError
 from .dead_end import StuckWorker
+from . import livelock
 from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose
 
 #: DRV-11: consecutive no-progress passes before the dead-end error (single.rs:26)
@@ -44,6 +45,7 @@ def run_single(
     done = 0
     detector = CycleDetector()
     timed = TimedCycleDetector()
+    silent_ahead = [0, 0]  # LIVE-4: silent passes with an arrival to come, and the releases seen
 
     def record_arrival(req: ReplayRequest, arrival: float) -> None:
         nonlocal core, col
@@ -103,8 +105,10 @@ def run_single(
         # LIVE-7: a pass that emitted and completed nothing, with no arrival to come and no cap:
         # the core, the no-progress count, the releases and the completions so far determine the
         # rest of the run (a repeat at the same time is LIVE-1's to report)
-        if (max_sim_time_ms is None and not res.output_signals and res.completed_requests == 0
-                and C.num_requests(core) == before and adm.next_ready_time_ms() is None):
+        silent = (max_sim_time_ms is None and not res.output_signals and res.completed_requests == 0
+                  and C.num_requests(core) == before)
+        ahead = adm.next_ready_time_ms()
+        if silent and ahead is None:
             found = timed.observe(lambda: (canonical_state(core), no_progress, adm.released, done), now,
                                   [a.uuid.value for a in res.admissions])
             if found is not None:
@@ -112,6 +116,16 @@ def run_single(
                 raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1]))
         else:
             timed.reset()
+        # LIVE-4: the same budget while an arrival is still to come (a repeat would prove the loop
+        # only up to that arrival); a released arrival restarts the count
+        if silent and ahead is not None and adm.released == silent_ahead[1]:
+            silent_ahead[0] += 1
+            if silent_ahead[0] >= livelock.STEP_BUDGET:
+                diag = diagnose("single", "aggregated", 0, now, core, -1, [a.uuid.value for a in res.admissions])
+                raise ReplayLivelock(attrs.evolve(diag, period_ms=0.0, other=(f"next arrival at t={ahead!r} ms",)))
+        else:
+            silent_ahead[0] = 0
+        silent_ahead[1] = adm.released
         # LIVE-1: a quiet pass at constant time (no output, no completion)
         if now == start and not res.output_signals and res.completed_requests == 0:
             cycle = detector.observe(lambda: (canonical_state(core), no_progress),
