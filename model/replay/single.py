@@ -45,7 +45,8 @@ def run_single(
     done = 0
     detector = CycleDetector()
     timed = TimedCycleDetector()
-    silent_ahead = [0, 0]  # LIVE-4: silent passes with an arrival to come, and the releases seen
+    silent_ahead = 0  # LIVE-4: consecutive silent passes with an arrival to come
+    released_seen = 0  # the releases when the last pass ended
 
     def record_arrival(req: ReplayRequest, arrival: float) -> None:
         nonlocal core, col
@@ -69,7 +70,7 @@ def run_single(
 
     def drive_worker(admit_between: bool) -> None:
         """DRV-10: one pass at ``now``; the clock jumps to its end."""
-        nonlocal core, col, now, no_progress, done
+        nonlocal core, col, now, no_progress, done, silent_ahead, released_seen
         start = now
         before = C.num_requests(core)
         core, res = C.execute_pass(core, now)
@@ -107,7 +108,7 @@ def run_single(
         # rest of the run (a repeat at the same time is LIVE-1's to report)
         silent = (max_sim_time_ms is None and not res.output_signals and res.completed_requests == 0
                   and C.num_requests(core) == before)
-        ahead = adm.next_ready_time_ms()
+        ahead = adm.next_ready_time_ms() if silent else None
         if silent and ahead is None:
             found = timed.observe(lambda: (canonical_state(core), no_progress, adm.released, done), now,
                                   [a.uuid.value for a in res.admissions])
@@ -118,14 +119,14 @@ def run_single(
             timed.reset()
         # LIVE-4: the same budget while an arrival is still to come (a repeat would prove the loop
         # only up to that arrival); a released arrival restarts the count
-        if silent and ahead is not None and adm.released == silent_ahead[1]:
-            silent_ahead[0] += 1
-            if silent_ahead[0] >= livelock.STEP_BUDGET:
+        if silent and ahead is not None and adm.released == released_seen:
+            silent_ahead += 1
+            if silent_ahead >= livelock.STEP_BUDGET:
                 diag = diagnose("single", "aggregated", 0, now, core, -1, [a.uuid.value for a in res.admissions])
                 raise ReplayLivelock(attrs.evolve(diag, period_ms=0.0, other=(f"next arrival at t={ahead!r} ms",)))
         else:
-            silent_ahead[0] = 0
-        silent_ahead[1] = adm.released
+            silent_ahead = 0
+        released_seen = adm.released
         # LIVE-1: a quiet pass at constant time (no output, no completion)
         if now == start and not res.output_signals and res.completed_requests == 0:
             cycle = detector.observe(lambda: (canonical_state(core), no_progress),
