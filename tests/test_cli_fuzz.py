@@ -1,6 +1,6 @@
 """Mutated input files never crash the CLI: every run of a scenario or a trace with one field
 changed (a wrong type, a bad number, markup-like text, a key removed or added) ends with exit
-status 0, 1, 2 or 3, never a traceback; exit 2 prints exactly one line on standard error and writes
+status 0, 1, 2, 3 or 4 (a livelock diagnosis, LIVE-3), never a traceback; exit 2 prints exactly one line on standard error and writes
 no output (README "Bad input", mocker_spec/messages.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from mocker_spec.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted((ROOT / "spec" / "scenarios").rglob("*.json"))
-CASES = sorted(p for p in (ROOT / "tests" / "goldens" / "refcases").iterdir() if (p / "case.json").exists())
+#: the golden cases, less the one whose replay runs LIVE-4's whole budget of 200 000 steps by design
+CASES = sorted(p for p in (ROOT / "tests" / "goldens" / "refcases").iterdir()
+               if (p / "case.json").exists() and p.name != "zero-output-sglang-far-arrival")
 
 ODD = ["[/x]", "[b]", "a\nb", "", "x", "1", None, True, False, 0, -1, 1, 1.5, -0.5, 2**70, -(2**70), 1e308,
        [], [1], {}, {"a": 1}]
@@ -51,7 +53,7 @@ def _mutate(doc, pick: int, op: int, value):
 def _check_run(argv, capsys, outputs):
     rc = main(argv)
     cap = capsys.readouterr()
-    assert rc in (0, 1, 2, 3), (rc, cap.err)
+    assert rc in (0, 1, 2, 3, 4), (rc, cap.err)
     assert "Traceback" not in cap.err
     if rc == 2:
         lines = [line for line in cap.err.splitlines() if line.strip()]
