@@ -16,7 +16,7 @@ from .admission import make_admission, record_visible_pass, to_direct
 import attrs
 
 from .common import WORKER_COMPLETION, CanonicalCores, ClockedRun, EventHeap, Pool, ReplayDeadEnd
-from .livelock import CycleDetector, ReplayLivelock, TimedWatch, canonical_state, diagnose
+from .livelock import CycleDetector, ReplayLivelock, TimedWatch, canonical_state, diagnose, next_arrival_line
 
 
 class _AggRun(ClockedRun):
@@ -135,8 +135,7 @@ class _AggRun(ClockedRun):
             w_idx = one[1][0] if one is not None and one[0] == WORKER_COMPLETION else min(pending or {(0,)})[0]
             w = self.pool.workers[w_idx]
             diag = diagnose("agg", "aggregated", w.idx, self.now, w.core, found[0], det.admitted)
-            ahead = self.adm.next_ready_time_ms()
-            other = (f"next arrival at t={ahead!r} ms",) if ahead is not None else ()
+            other = next_arrival_line(self.adm.next_ready_time_ms())
             raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1], other=other))
 
     def drain_current_timestamp(self) -> None:

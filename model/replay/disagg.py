@@ -60,7 +60,7 @@ from .coordinator import (
     TimedOutFact,
     new_coordinator,
 )
-from .livelock import CycleDetector, ReplayLivelock, TimedWatch, canonical_state, diagnose
+from .livelock import CycleDetector, ReplayLivelock, TimedWatch, canonical_state, diagnose, next_arrival_line
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -595,8 +595,7 @@ class _DisaggRun(ClockedRun):
                 stage, w_idx = DECODE, 0
             w = self.pool(stage).workers[w_idx]
             diag = diagnose("disagg", stage, w.idx, self.now, w.core, found[0], det.admitted)
-            ahead = self.adm.next_ready_time_ms()
-            other = self._livelock_context() + ((f"next arrival at t={ahead!r} ms",) if ahead is not None else ())
+            other = self._livelock_context() + next_arrival_line(self.adm.next_ready_time_ms())
             raise ReplayLivelock(attrs.evolve(diag, period_ms=found[1], other=other))
 
     def _livelock_context(self) -> Tuple[str, ...]:

@@ -338,6 +338,11 @@ class TimedWatch:
         return (self.one if one is not None else self.several), one, pending, admitted
 
 
+def next_arrival_line(ahead: Optional[float]) -> Tuple[str, ...]:
+    """LIVE-4: the diagnosis line naming the arrival still to come (none without one)."""
+    return (f"next arrival at t={ahead!r} ms",) if ahead is not None else ()
+
+
 def diagnose(runtime: str, stage: str, worker_idx: int, now_ms: float, core, cycle: int, admitted) -> LivelockDiagnosis:
     """LIVE-3: describe the looping worker from its core (best effort for unknown core types)."""
 

@@ -20,7 +20,7 @@ from .admission import WorkloadAdmission, make_admission, record_visible_pass, t
 from .common import ReplayDeadEnd, ReplayError
 from .dead_end import StuckWorker
 from . import livelock
-from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose
+from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose, next_arrival_line
 
 #: DRV-11: consecutive no-progress passes before the dead-end error (single.rs:26)
 MAX_CONSECUTIVE_NO_PROGRESS_PASSES = 1024
@@ -123,7 +123,7 @@ def run_single(
             silent_ahead += 1
             if silent_ahead >= livelock.STEP_BUDGET:
                 diag = diagnose("single", "aggregated", 0, now, core, -1, [a.uuid.value for a in res.admissions])
-                raise ReplayLivelock(attrs.evolve(diag, period_ms=0.0, other=(f"next arrival at t={ahead!r} ms",)))
+                raise ReplayLivelock(attrs.evolve(diag, period_ms=0.0, other=next_arrival_line(ahead)))
         else:
             silent_ahead = 0
         released_seen = adm.released
