@@ -1794,3 +1794,18 @@ def test_silent_steps_that_cannot_be_recorded_still_meet_the_budget(monkeypatch)
     assert steps[:-1] == [None] * 49
     det, one, pending, admitted = steps[-1]
     assert det.observe(lambda: None, 0.0) == (-1, 0.0)
+
+
+def test_silent_budget_counts_silent_steps_until_a_release_or_an_emission(monkeypatch):
+    """LIVE-4: the one counter every runtime keeps (``SilentBudget``): silent steps in a row are
+    counted, a step that emits (``silent`` false) or releases an arrival restarts the count, and the
+    budget is spent on the STEP_BUDGET-th silent step, not before."""
+    import model.replay.livelock as L
+
+    monkeypatch.setattr(L, "STEP_BUDGET", 5)
+    budget = L.SilentBudget()
+    assert [budget.tick(True, 0) for _ in range(4)] == [False] * 4
+    assert budget.tick(False, 0) is False and budget.steps == 0  # an emission restarts it
+    assert [budget.tick(True, 0) for _ in range(4)] == [False] * 4
+    assert budget.tick(True, 1) is False and budget.steps == 0  # so does a released arrival
+    assert [budget.tick(True, 1) for _ in range(5)] == [False] * 4 + [True]

@@ -259,6 +259,25 @@ class _BudgetSpent:
         return -1, 0.0
 
 
+class SilentBudget:
+    """LIVE-4: counts consecutive silent clock steps (nothing emitted, completed or released) and
+    says when ``STEP_BUDGET`` of them have passed.  ``tick(silent, released)`` is called once per
+    step with the arrivals released so far; a step that is not silent, or that released an arrival,
+    restarts the count.  Shared by every runtime, so the budget means the same everywhere."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.released_seen = 0
+
+    def tick(self, silent: bool, released: int) -> bool:
+        if silent and released == self.released_seen:
+            self.steps += 1
+        else:
+            self.steps = 0
+        self.released_seen = released
+        return self.steps >= STEP_BUDGET
+
+
 class TimedWatch:
     """LIVE-7 bookkeeping shared by the event-loop and disaggregated runtimes.
 
@@ -280,8 +299,7 @@ class TimedWatch:
         #: LIVE-4: consecutive clock steps (no cap) that emitted, completed and released nothing,
         #: recordable or not, with an arrival still to come or not (a run whose steps are never
         #: recordable, or that loops until a far arrival, would otherwise spin for ever)
-        self.silent_steps = 0
-        self._released_seen = 0
+        self.budget = SilentBudget()
 
     def note_activity(self) -> None:
         self.activity += 1
@@ -308,16 +326,15 @@ class TimedWatch:
         ``quiet_ok()`` holds when nothing outside the pending completions can act (idle or busy
         workers, no queued action)."""
         quiet = self.activity == self._activity_seen
-        silent = self.emitted == self._emitted_seen and released == self._released_seen
-        self._activity_seen, self._emitted_seen, self._released_seen = self.activity, self.emitted, released
+        silent = self.emitted == self._emitted_seen and released == self.budget.released_seen
+        self._activity_seen, self._emitted_seen = self.activity, self.emitted
         admitted, self.admitted = self.admitted, []
+        spent = self.budget.tick(silent and not capped, released)
         if capped:
             self.one.reset()
             self.several.reset()
-            self.silent_steps = 0
             return None
-        self.silent_steps = self.silent_steps + 1 if silent else 0
-        if self.silent_steps >= STEP_BUDGET:  # LIVE-4: a suspected livelock, whatever the regime
+        if spent:  # LIVE-4: a suspected livelock, whatever the regime
             return _BudgetSpent(admitted), events.only_event(), events.quiet_completions(), admitted
         if arrival_ahead:  # a repeat would prove the loop only up to that arrival
             self.one.reset()

@@ -19,8 +19,9 @@ from model.workload import ReplayRequest
 from .admission import WorkloadAdmission, make_admission, record_visible_pass, to_direct
 from .common import ReplayDeadEnd, ReplayError
 from .dead_end import StuckWorker
-from . import livelock
-from .livelock import CycleDetector, ReplayLivelock, TimedCycleDetector, canonical_state, diagnose, next_arrival_line
+from .livelock import (
+    CycleDetector, ReplayLivelock, SilentBudget, TimedCycleDetector, canonical_state, diagnose, next_arrival_line,
+)
 
 #: DRV-11: consecutive no-progress passes before the dead-end error (single.rs:26)
 MAX_CONSECUTIVE_NO_PROGRESS_PASSES = 1024
@@ -45,8 +46,7 @@ def run_single(
     done = 0
     detector = CycleDetector()
     timed = TimedCycleDetector()
-    silent_ahead = 0  # LIVE-4: consecutive silent passes with an arrival to come
-    released_seen = 0  # the releases when the last pass ended
+    budget = SilentBudget()  # LIVE-4: silent passes with an arrival to come (LIVE-7's detector counts the others)
 
     def record_arrival(req: ReplayRequest, arrival: float) -> None:
         nonlocal core, col
@@ -70,7 +70,7 @@ def run_single(
 
     def drive_worker(admit_between: bool) -> None:
         """DRV-10: one pass at ``now``; the clock jumps to its end."""
-        nonlocal core, col, now, no_progress, done, silent_ahead, released_seen
+        nonlocal core, col, now, no_progress, done
         start = now
         before = C.num_requests(core)
         core, res = C.execute_pass(core, now)
@@ -119,14 +119,9 @@ def run_single(
             timed.reset()
         # LIVE-4: the same budget while an arrival is still to come (a repeat would prove the loop
         # only up to that arrival); a released arrival restarts the count
-        if silent and ahead is not None and adm.released == released_seen:
-            silent_ahead += 1
-            if silent_ahead >= livelock.STEP_BUDGET:
-                diag = diagnose("single", "aggregated", 0, now, core, -1, [a.uuid.value for a in res.admissions])
-                raise ReplayLivelock(attrs.evolve(diag, period_ms=0.0, other=next_arrival_line(ahead)))
-        else:
-            silent_ahead = 0
-        released_seen = adm.released
+        if budget.tick(silent and ahead is not None, adm.released):
+            diag = diagnose("single", "aggregated", 0, now, core, -1, [a.uuid.value for a in res.admissions])
+            raise ReplayLivelock(attrs.evolve(diag, period_ms=0.0, other=next_arrival_line(ahead)))
         # LIVE-1: a quiet pass at constant time (no output, no completion)
         if now == start and not res.output_signals and res.completed_requests == 0:
             cycle = detector.observe(lambda: (canonical_state(core), no_progress),
