@@ -26,6 +26,7 @@ from pyrsistent import pmap, pset, pvector
 
 from core_helpers import Collector, Core, RouterIndex, args, request, stored_hashes, u
 from model import sequence as seqm
+from model import timing
 from model import vllm_kv as kvm
 from model.errors import DestinationUnsupported, RequestAlreadyActive
 from model.ids import hid, rid
@@ -1440,6 +1441,42 @@ def test_trtllm_failed_allocation_keeps_partial_blocks_without_preempting():
     assert kvm.get_prefill_cost(core.value.kv, x.sequence).active_cached_tokens == 4
     assert (p.fpm.num_prefill_requests, p.fpm.num_decode_requests) == (0, 0)
 
+
+
+def test_fifo_victim_scheduled_with_prompt_tokens_leaves_the_prefill_batch():
+    """VLLM-8 (the undo of a victim's prompt work), VLLM-15, VLLM-9, VLLM-18.  No replay reaches
+    this (spec/fidelity.md §1, *Reach*), so the state is built directly: vLLM with ``fifo``, 5
+    blocks of 4, a 16-token budget, chunked prefill, no prefix caching; running V (12-token
+    prompt) then F (20-token prompt), each with 4 tokens computed in its one block.  V's chunk
+    (tokens 4..12) takes 2 of the 3 free blocks and 8 of the budget; F's chunk (4..12, the other
+    8) needs 2 and gets 1, so FIFO preempts the front, V, which was already scheduled: its 8
+    tokens go back to the budget and its prompt work leaves the batch.  F's retry gets V's freed
+    blocks.  The batch is then F alone (count 1, isl 4 + 8 = 12, prefix 4); no request finishes
+    its prompt, so no decode time is added."""
+    a = args(block_size=4, num_gpu_blocks=5, max_num_batched_tokens=16, max_num_seqs=4,
+             enable_chunked_prefill=True, enable_prefix_caching=False, preemption_mode="fifo")
+    core = Core(a)
+    kv = core.value.kv
+    reqs, order = {}, []
+    for name, key, prompt in (("V", 7001, range(0, 12)), ("F", 7002, range(100, 120))):
+        seq, use = seqm.allocate_blocks_for_chunk(seqm.new_sequence(key, tuple(prompt), 2, block_size=4), 4)
+        kv, res = kvm.process(kv, use)
+        assert res.count == 1
+        r = rid(name)
+        reqs[r] = VllmRequest(r, seq, RequestStatus.RUNNING, 4)
+        order.append(r)
+    core.value = attrs.evolve(core.value, kv=kv, requests=pmap(reqs), running=pvector(order),
+                              running_members=pset(order))
+    assert core.num_active_blocks() == 2
+    p = core.execute(0.0)
+    assert p.metrics.vllm_preemptions_total == 1
+    assert core.running == ["F"] and core.waiting == ["V"]
+    assert core.req("F").num_computed_tokens == 12
+    alone = timing.prefill_duration_ns(1, 12, 4, a)
+    both = timing.prefill_duration_ns(2, 24, 8, a)  # what the batch would be without the undo
+    assert alone != both
+    assert p.end_ms == timing.advance_ms(0.0, alone)
+    assert p.fpm.num_prefill_requests == 1
 
 
 def test_dropping_a_request_that_never_allocated_does_not_bump_the_generation():
