@@ -160,6 +160,15 @@ class Core:
 
         return self.value.requests[rid(uuid)]
 
+    def install_running(self, kv, requests) -> None:
+        """Replace a vLLM core's KV pool and requests with ``kv`` and ``requests`` (in order), all
+        running: a state built directly, as upstream's tests build one."""
+        from pyrsistent import pmap, pset, pvector
+
+        ids = [r.uuid for r in requests]
+        self.value = attrs.evolve(self.value, kv=kv, requests=pmap({r.uuid: r for r in requests}),
+                                  running=pvector(ids), running_members=pset(ids))
+
     def num_active_blocks(self) -> int:
         from model import vllm_kv
 

@@ -22,7 +22,7 @@ import random
 
 import attrs
 import pytest
-from pyrsistent import pmap, pset, pvector
+from pyrsistent import pmap
 
 from core_helpers import Collector, Core, RouterIndex, args, request, stored_hashes, u
 from model import sequence as seqm
@@ -785,9 +785,7 @@ def test_running_request_catches_up_decode_tail_before_promote():
 
     r = rid(uuid)
     state = VllmRequest(r, seq, RequestStatus.RUNNING, num_computed_tokens=9, num_preemptions=1)
-    core.value = attrs.evolve(
-        core.value, kv=kv, requests=pmap({r: state}), running=pvector([r]), running_members=pset([r])
-    )
+    core.install_running(kv, [state])
     p = core.execute(0.0)
     req = core.req(uuid)
     assert len(p.output_signals) == 1
@@ -1431,8 +1429,7 @@ def test_trtllm_failed_allocation_keeps_partial_blocks_without_preempting():
     seq = seqm.new_sequence(4242, tuple(range(500, 508)), 4, block_size=4)
     r = rid("X")
     state = VllmRequest(r, seq, RequestStatus.RUNNING)
-    core.value = attrs.evolve(core.value, kv=kv, requests=pmap({r: state}), running=pvector([r]),
-                              running_members=pset([r]))
+    core.install_running(kv, [state])
     p = core.execute(1.0)
     x = core.req("X")
     assert p.output_signals == () and p.metrics.vllm_preemptions_total == 0
@@ -1457,16 +1454,13 @@ def test_fifo_victim_scheduled_with_prompt_tokens_leaves_the_prefill_batch():
              enable_chunked_prefill=True, enable_prefix_caching=False, preemption_mode="fifo")
     core = Core(a)
     kv = core.value.kv
-    reqs, order = {}, []
+    reqs = []
     for name, key, prompt in (("V", 7001, range(0, 12)), ("F", 7002, range(100, 120))):
         seq, use = seqm.allocate_blocks_for_chunk(seqm.new_sequence(key, tuple(prompt), 2, block_size=4), 4)
         kv, res = kvm.process(kv, use)
         assert res.count == 1
-        r = rid(name)
-        reqs[r] = VllmRequest(r, seq, RequestStatus.RUNNING, 4)
-        order.append(r)
-    core.value = attrs.evolve(core.value, kv=kv, requests=pmap(reqs), running=pvector(order),
-                              running_members=pset(order))
+        reqs.append(VllmRequest(rid(name), seq, RequestStatus.RUNNING, 4))
+    core.install_running(kv, reqs)
     assert core.num_active_blocks() == 2
     p = core.execute(0.0)
     assert p.metrics.vllm_preemptions_total == 1
