@@ -1,0 +1,105 @@
+"""scripts/fidelity_totals.py: the README's family totals are summed from spec/fidelity.md §2, and
+§2's differences are exactly the cases of its FID-7 table."""
+
+from __future__ import annotations
+
+from script_loader import ROOT, load_script
+
+FIDELITY = (ROOT / "spec" / "fidelity.md").read_text(encoding="utf-8")
+
+# A two-table file in §2's layout. Sums derived by hand: plain 300 + 200 = 500 cases, 299 + 200 =
+# 499 identical, 270 + 180 = 450 completed, 25 + 15 = 40 dead ends, 5 + 5 = 10 hangs; the tiny
+# family on its own row; all: 700 cases, 699 identical, 550 / 80 / 50 (the missing 20 are TIME-14).
+SMALL = """## 2. Figures
+
+| corpus | cases | identical | of which: ok / dead end / hang |
+|---|---|---|---|
+| shared reference corpus (`shared/refcases`) | 40 | **40** | 40 / 0 / 0 |
+| fresh cases, `--seed 5 --count 300 --timeout 20` (extra family) | 300 | 299 | 270 / 25 / 5 |
+| fresh cases, `--seed 7 --count 200 --timeout 20` | 200 | **200** | 180 / 15 / 5 |
+| edge cases, `--tiny --sessions --seed 9 --count 200 --timeout 15` | 200 | **200** | 100 / 40 / 40, and 20 TIME-14 errors |
+
+**Cases of FID-7.** Text.
+
+| case | family | configuration |
+|---|---|---|
+| gen-5-0001 | `--seed 5` | agg |
+| bad-53-0264 | `refusal_fuzz.py --seed 53` | agg |
+
+After the table.
+"""
+
+
+def _run(tmp_path, fidelity_text, *argv, readme_text=None):
+    mod = load_script("fidelity_totals")
+    fidelity = tmp_path / "fidelity.md"
+    fidelity.write_text(fidelity_text, encoding="utf-8")
+    readme = tmp_path / "README.md"
+    readme.write_text(readme_text if readme_text is not None else f"intro\n{mod.BEGIN}\nold\n{mod.END}\noutro\n", encoding="utf-8")
+    return mod, mod.main(list(argv), fidelity=fidelity, readme=readme), readme
+
+
+def test_the_readme_block_is_what_the_spec_sums_to():
+    """The committed README matches spec/fidelity.md (else: run the script with --write)."""
+    mod = load_script("fidelity_totals")
+    assert mod.main(["--check"]) == 0
+
+
+def test_every_family_difference_is_a_fid7_case_of_the_spec():
+    """The real tables agree, and they are not empty: some families differ, all by FID-7 cases."""
+    mod = load_script("fidelity_totals")
+    families = mod.parse_families(FIDELITY)
+    fid7 = mod.parse_fid7_cases(FIDELITY)
+    mod.check_tables(families, fid7)
+    assert sum(f.cases - f.identical for f in families) > 0
+    assert len(fid7) > sum(f.cases - f.identical for f in families)  # the refusal_fuzz cases too
+
+
+def test_totals_are_summed_per_kind(tmp_path):
+    mod, rc, readme = _run(tmp_path, SMALL, "--write")
+    assert rc == 0
+    text = readme.read_text(encoding="utf-8")
+    assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| recorded")]
+    assert rows[0] == "| plain: `gen-cases --seed S` | 2 | 500 | 450 / 40 / 10 | 499/500: the difference is FID-7 |"
+    assert rows[1].startswith("| `--tiny` edge cases") and rows[1].endswith("| 1 | 200 | 100 / 40 / 40 | **200/200** |")
+    assert rows[2] == "| all recorded families | 3 | 700 | 550 / 80 / 50 | 699/700: the difference is FID-7 |"
+    assert mod.main(["--check"], fidelity=tmp_path / "fidelity.md", readme=readme) == 0
+
+
+def test_check_reports_a_stale_block(tmp_path, capsys):
+    _, rc, readme = _run(tmp_path, SMALL, "--check")
+    assert rc == 1
+    assert "out of date" in capsys.readouterr().err
+    assert "old" in readme.read_text(encoding="utf-8")
+
+
+def test_a_difference_without_its_fid7_case_is_named(tmp_path, capsys):
+    spoiled = SMALL.replace("| 200 | **200** | 180 / 15 / 5 |", "| 200 | 198 | 180 / 15 / 5 |")
+    _, rc, readme = _run(tmp_path, spoiled, "--write")
+    assert rc == 1
+    assert "'--seed 7 --count 200 --timeout 20': 2 differences in §2, 0 in the FID-7 table" in capsys.readouterr().err
+    assert "old" in readme.read_text(encoding="utf-8")  # nothing written
+
+
+def test_a_fid7_case_of_an_unrecorded_family_is_named(tmp_path, capsys):
+    spoiled = SMALL.replace("| gen-5-0001 | `--seed 5` |", "| gen-5-0001 | `--seed 5` |\n| gen-11-0002 | `--seed 11` |")
+    _, rc, _ = _run(tmp_path, spoiled)
+    assert rc == 1
+    assert "FID-7 case gen-11-0002: its family '--seed 11' has no row in §2" in capsys.readouterr().err
+
+
+def test_a_family_with_two_rows_is_refused(tmp_path, capsys):
+    """The same seed and drawing flags twice (the run flags aside) is one family recorded twice."""
+    spoiled = SMALL.replace("| fresh cases, `--seed 7 --count 200 --timeout 20` |",
+                            "| fresh cases, `--seed 5 --count 200 --timeout 45` |")
+    _, rc, _ = _run(tmp_path, spoiled)
+    assert rc == 2
+    assert "has more than one row" in capsys.readouterr().err
+
+
+def test_an_unparseable_family_row_is_refused(tmp_path, capsys):
+    spoiled = SMALL.replace("| 300 | 299 | 270 / 25 / 5 |", "| 300 | most | 270 / 25 / 5 |")
+    _, rc, _ = _run(tmp_path, spoiled)
+    assert rc == 2
+    assert "cannot parse the row" in capsys.readouterr().err
