@@ -27,6 +27,8 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import attrs
 
+from mocker_spec.formats import atomic_write_text
+
 ROOT = Path(__file__).resolve().parent.parent
 FIDELITY = ROOT / "spec" / "fidelity.md"
 README = ROOT / "README.md"
@@ -213,31 +215,27 @@ def main(argv: Optional[Sequence[str]] = None, *, fidelity: Path = FIDELITY, rea
     try:
         text = fidelity.read_text(encoding="utf-8")
         current = readme.read_text(encoding="utf-8") if (args.check or args.write) else ""
-    except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
         families = parse_families(text)
         fid7 = parse_fid7_cases(text)
-    except TablesError as exc:
+    except (OSError, TablesError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
         check_tables(families, fid7)
         new_block = block(families)
-        if not (args.check or args.write):
-            print(new_block)
-            return 0
-        updated = readme_with_block(current, new_block)
+        updated = readme_with_block(current, new_block) if (args.check or args.write) else None
     except TablesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if updated is None:
+        print(new_block)
+        return 0
     if updated == current:
         return 0
     if args.check:
         print(f"README.md: the fidelity totals are out of date (run {Path(__file__).name} --write)", file=sys.stderr)
         return 1
-    readme.write_text(updated, encoding="utf-8")
+    atomic_write_text(readme, updated)
     return 0
 
 
