@@ -30,12 +30,12 @@ After the table.
 """
 
 
-def _run(tmp_path, fidelity_text, *argv, readme_text=None):
+def _run(tmp_path, fidelity_text, *argv):
     mod = load_script("fidelity_totals")
     fidelity = tmp_path / "fidelity.md"
     fidelity.write_text(fidelity_text, encoding="utf-8")
     readme = tmp_path / "README.md"
-    readme.write_text(readme_text if readme_text is not None else f"intro\n{mod.BEGIN}\nold\n{mod.END}\noutro\n", encoding="utf-8")
+    readme.write_text(f"intro\n{mod.BEGIN}\nold\n{mod.END}\noutro\n", encoding="utf-8")
     return mod, mod.main(list(argv), fidelity=fidelity, readme=readme), readme
 
 
