@@ -56,6 +56,7 @@ class Family:
     completed: int
     dead_ends: int
     hangs: int
+    requests: Optional[int] = None  # as the row gives it ("(6,803 requests")
 
     @property
     def kind(self) -> str:
@@ -87,7 +88,7 @@ def family_key(command: str) -> FamilyKey:
 KINDS = (
     ("plain", "plain: `gen-cases --seed S`"),
     ("variants", "with `--concurrency`, `--extra-args` or `--sessions` (one or more)"),
-    ("large", "`--large` (5,900-10,700 requests a family), with or without those"),
+    ("large", "`--large` ({requests} requests a family), with or without those"),
     ("tight", "`--tight` (every pool cut to the largest request's need plus 0-50%), with any of those"),
     ("tiny", "`--tiny` edge cases (pools of 1-8 blocks, 1-4 requests), with any of those"),
 )
@@ -109,6 +110,7 @@ def family_kind(flags: FrozenSet[str]) -> str:
 
 _FAMILY_ROW = re.compile(r"^\| [^|`]*`(?P<command>[^`]*--count[^`]*)`[^|]* \| (?P<cases>\d+) \| (?:\*\*)?(?P<identical>\d+)(?:\*\*)? \| (?P<outcomes>[^|]*) \|$")
 _OUTCOMES = re.compile(r"^(\d+) / (\d+) / (\d+)")
+_REQUESTS = re.compile(r"\(([\d,]+) requests")
 _FID7_ROW = re.compile(r"^\| (?P<case>[a-z]+-\d+-\d+) \| `(?P<family>[^`]*)` \|")
 
 
@@ -133,8 +135,10 @@ def parse_families(text: str) -> List[Family]:
         if outcomes is None:
             raise TablesError(f"spec/fidelity.md §2: no 'ok / dead end / hang' figures in {line[:80]!r}")
         command = m["command"]
+        requests = _REQUESTS.search(line)
         out.append(Family(family_key(command), command, int(m["cases"]), int(m["identical"]),
-                          *(int(g) for g in outcomes.groups())))
+                          *(int(g) for g in outcomes.groups()),
+                          requests=int(requests[1].replace(",", "")) if requests else None))
     keys = Counter(f.key for f in out)
     twice = [f.command for f in out if keys[f.key] > 1]
     if twice:
@@ -178,6 +182,9 @@ def totals_rows(families: Sequence[Family]) -> List[str]:
     for text, members in groups:
         if not members:
             continue
+        if "{requests}" in text:
+            sizes = [f.requests for f in members if f.requests is not None]
+            text = text.format(requests=f"{_count(min(sizes))}-{_count(max(sizes))}" if sizes else "many")
         cases = sum(f.cases for f in members)
         identical = sum(f.identical for f in members)
         differences = cases - identical

@@ -103,3 +103,17 @@ def test_an_unparseable_family_row_is_refused(tmp_path, capsys):
     _, rc, _ = _run(tmp_path, spoiled)
     assert rc == 2
     assert "cannot parse the row" in capsys.readouterr().err
+
+
+def test_large_families_give_their_range_of_requests(tmp_path):
+    """Two `--large` rows of 6,100 and 7,200 requests: the row of the kind spans them (the capped
+    count after the requests is not read as requests)."""
+    large = SMALL.replace(
+        "| edge cases, `--tiny",
+        "| fresh cases, `--large --seed 11 --count 60 --timeout 30` (6,100 requests) | 60 | **60** | 50 / 5 / 5 |\n"
+        "| fresh cases, `--large --sessions --seed 13 --count 60 --timeout 30` (7,200 requests, 40 capped) | 60 | **60** | 50 / 5 / 5 |\n"
+        "| edge cases, `--tiny")
+    _, rc, readme = _run(tmp_path, large, "--write")
+    assert rc == 0
+    rows = [line for line in readme.read_text(encoding="utf-8").splitlines() if line.startswith("| `--large`")]
+    assert rows == ["| `--large` (6,100-7,200 requests a family), with or without those | 2 | 120 | 100 / 10 / 10 | **120/120** |"]
