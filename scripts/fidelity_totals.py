@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The README's totals of the recorded `gen-cases` families, computed from spec/fidelity.md.
+"""The README's totals of the recorded case families, computed from spec/fidelity.md.
 
-spec/fidelity.md §2 has one table row per recorded family (its command, cases, identical cases,
-outcomes); its *Cases of FID-7* table names every divergent case with its family. This script
-reads both, checks that they agree -- each family's differences are exactly the FID-7 cases the
-table gives for it, and each FID-7 case of a `gen-cases` family belongs to a recorded family --
-and prints the README's totals: one row per kind of family (plain, the widening variants,
-`--large`, `--tight`, `--tiny`), with the families, cases, identical cases and outcomes summed.
+spec/fidelity.md §2 has one table row per recorded family, of `mocker-spec gen-cases` or of
+`scripts/refusal_fuzz.py` (its command, cases, identical cases, outcomes); its *Cases of FID-7*
+table names every divergent case with its family. This script reads both, checks that they
+agree -- each family's differences are exactly the FID-7 cases the table gives for it, and each
+FID-7 case belongs to a recorded family -- and prints the README's totals: one row per kind of
+family (plain, the widening variants, `--large`, `--tight`, `--tiny`; bad inputs, `--odd`,
+`--text`), with the families, cases, identical cases and outcomes summed.
 
 Usage: python scripts/fidelity_totals.py [--check | --write]
 
@@ -39,8 +40,11 @@ END = "<!-- fidelity-totals: end -->"
 _RUN_FLAGS = ("--count", "--timeout", "--jobs", "--start")
 _VARIANTS = ("--concurrency", "--extra-args", "--sessions")
 
-#: a family's identity: its drawing flags and its seed
-FamilyKey = Tuple[FrozenSet[str], int]
+#: the command of a `scripts/refusal_fuzz.py` family starts with this word
+FUZZ = "refusal_fuzz.py"
+
+#: a family's identity: its tool (`gen-cases` or FUZZ), drawing flags and seed
+FamilyKey = Tuple[str, FrozenSet[str], int]
 
 
 class TablesError(ValueError):
@@ -56,16 +60,21 @@ class Family:
     completed: int
     dead_ends: int
     hangs: int
+    refusals: int = 0  # refusal_fuzz.py families only (a gen-cases row counts TIME-14 errors apart)
     requests: Optional[int] = None  # as the row gives it ("(6,803 requests")
 
     @property
     def kind(self) -> str:
-        return family_kind(self.key[0])
+        return family_kind(self.key[0], self.key[1])
 
 
 def family_key(command: str) -> FamilyKey:
-    """`--large --sessions --seed 223 --count 60` -> ({--large, --sessions}, 223)."""
+    """`--large --sessions --seed 223 --count 60` -> ("gen-cases", {--large, --sessions}, 223);
+    `refusal_fuzz.py --odd --seed 7` -> ("refusal_fuzz.py", {--odd}, 7)."""
     words = command.split()
+    tool = "gen-cases"
+    if words[:1] == [FUZZ]:
+        tool, words = FUZZ, words[1:]
     flags, seed, i = set(), None, 0
     while i < len(words):
         word = words[i]
@@ -81,7 +90,7 @@ def family_key(command: str) -> FamilyKey:
             raise TablesError(f"family command {command!r}: unexpected word {word!r}")
     if seed is None:
         raise TablesError(f"family command {command!r}: no --seed")
-    return frozenset(flags), seed
+    return tool, frozenset(flags), seed
 
 
 #: the kinds, in the README's order, with the text of their row
@@ -93,8 +102,24 @@ KINDS = (
     ("tiny", "`--tiny` edge cases (pools of 1-8 blocks, 1-4 requests), with any of those"),
 )
 
+#: the kinds of `refusal_fuzz.py` family, in the README's order, with the text of their row
+FUZZ_KINDS = (
+    ("bad", "bad inputs: one to three spoiled engine arguments, replay arguments or trace rows, "
+            "one case in four a CLI job (`refusal_fuzz.py --seed S`)"),
+    ("odd", "edge values of the right type: block sizes of 1 to 2,048, one GPU block, zero or huge "
+            "speed-ups, empty hash lists, zero outputs (`--odd`)"),
+    ("text", "the trace's JSON text where serde_json and Python's `json` differ: repeated keys, `-0`, "
+             "long fractions, escaped surrogates, odd blank lines, CRLF, invalid UTF-8, numbers past "
+             "u64, array rows, the build's `request_id` / `output_token_ids`; CLI jobs with 17-digit "
+             "engine floats (`--text`)"),
+)
 
-def family_kind(flags: FrozenSet[str]) -> str:
+
+def family_kind(tool: str, flags: FrozenSet[str]) -> str:
+    if tool == FUZZ:
+        if len(flags) > 1 or not flags <= {"--odd", "--text"}:
+            raise TablesError(f"{FUZZ} flags {sorted(flags)}: not a known kind")
+        return next(iter(flags))[2:] if flags else "bad"
     if "--tiny" in flags:
         return "tiny"
     if "--tight" in flags:
@@ -110,6 +135,7 @@ def family_kind(flags: FrozenSet[str]) -> str:
 
 _FAMILY_ROW = re.compile(r"^\| [^|`]*`(?P<command>[^`]*--count[^`]*)`[^|]* \| (?P<cases>\d+) \| (?:\*\*)?(?P<identical>\d+)(?:\*\*)? \| (?P<outcomes>[^|]*) \|$")
 _OUTCOMES = re.compile(r"^(\d+) / (\d+) / (\d+)")
+_FUZZ_OUTCOMES = re.compile(r"^(\d+) / (\d+) / (\d+) / (\d+)$")
 _REQUESTS = re.compile(r"\(([\d,]+) requests")
 _FID7_ROW = re.compile(r"^\| (?P<case>[a-z]+-\d+-\d+) \| `(?P<family>[^`]*)` \|")
 
@@ -123,7 +149,9 @@ def _section(text: str, start: str, stop: str) -> str:
 
 
 def parse_families(text: str) -> List[Family]:
-    """Every family row of §2's table (rows whose command has a `--count`)."""
+    """Every family row of §2's tables (rows whose command has a `--count`): a `gen-cases` row's
+    outcomes are `ok / dead end / hang` (more may follow), a `refusal_fuzz.py` row's exactly
+    `completed / refusals / dead ends / hangs`."""
     out: List[Family] = []
     for line in _section(text, "## 2. Figures", "**Cases of FID-7.**").splitlines():
         if not line.startswith("|") or "--count" not in line:
@@ -131,14 +159,28 @@ def parse_families(text: str) -> List[Family]:
         m = _FAMILY_ROW.match(line)
         if m is None:
             raise TablesError(f"spec/fidelity.md §2: cannot parse the row {line[:80]!r}")
+        command = m["command"]
+        key = family_key(command)
+        head = (key, command, int(m["cases"]), int(m["identical"]))
+        if key[0] == FUZZ:
+            outcomes = _FUZZ_OUTCOMES.match(m["outcomes"].strip())
+            if outcomes is None:
+                raise TablesError(f"spec/fidelity.md §2: no 'completed / refusals / dead ends / hangs' "
+                                  f"figures in {line[:80]!r}")
+            completed, refusals, dead_ends, hangs = (int(g) for g in outcomes.groups())
+            out.append(Family(*head, completed, dead_ends, hangs, refusals=refusals))
+            continue
         outcomes = _OUTCOMES.match(m["outcomes"].strip())
         if outcomes is None:
             raise TablesError(f"spec/fidelity.md §2: no 'ok / dead end / hang' figures in {line[:80]!r}")
-        command = m["command"]
         requests = _REQUESTS.search(line)
-        out.append(Family(family_key(command), command, int(m["cases"]), int(m["identical"]),
-                          *(int(g) for g in outcomes.groups()),
+        out.append(Family(*head, *(int(g) for g in outcomes.groups()),
                           requests=int(requests[1].replace(",", "")) if requests else None))
+    for f in out:
+        f.kind  # an unknown combination of flags is a row that cannot be read
+        if f.key[0] == FUZZ and f.completed + f.refusals + f.dead_ends + f.hangs != f.cases:
+            raise TablesError(f"spec/fidelity.md §2: the family {f.command!r}: its outcomes do not "
+                              f"add up to its {f.cases} cases")
     keys = Counter(f.key for f in out)
     twice = [f.command for f in out if keys[f.key] > 1]
     if twice:
@@ -153,20 +195,18 @@ def parse_fid7_cases(text: str) -> List[Tuple[str, str]]:
 
 
 def check_tables(families: Sequence[Family], fid7: Sequence[Tuple[str, str]]) -> None:
-    """Each family's differences are its FID-7 cases, and each FID-7 case of a `gen-cases` family
-    (the others come from scripts/refusal_fuzz.py) is in a recorded family."""
+    """Each family's differences are its FID-7 cases, and each FID-7 case is in a recorded family."""
     by_key: Dict[FamilyKey, Family] = {f.key: f for f in families}
     named: Counter = Counter()
     for case, command in fid7:
-        if command.startswith("refusal_fuzz.py"):
-            continue
         key = family_key(command)
         if key not in by_key:
             raise TablesError(f"FID-7 case {case}: its family {command!r} has no row in §2")
         named[key] += 1
     for f in families:
         if f.cases - f.identical != named[f.key]:
-            raise TablesError(f"family {f.command!r}: {f.cases - f.identical} differences in §2, "
+            n = f.cases - f.identical
+            raise TablesError(f"family {f.command!r}: {n} difference{'' if n == 1 else 's'} in §2, "
                               f"{named[f.key]} in the FID-7 table")
 
 
@@ -174,10 +214,18 @@ def _count(n: int) -> str:
     return f"{n:,}"
 
 
-def totals_rows(families: Sequence[Family]) -> List[str]:
-    """The README rows: one per kind present, then the sum."""
+#: the outcome columns of each tool's README table
+_COLUMNS = {
+    "gen-cases": ("completed / dead ends / reference hangs", ("completed", "dead_ends", "hangs")),
+    FUZZ: ("completed / refusals / dead ends / reference hangs", ("completed", "refusals", "dead_ends", "hangs")),
+}
+
+
+def totals_rows(families: Sequence[Family], tool: str = "gen-cases") -> List[str]:
+    """The README rows of one tool's families: one per kind present, then the sum."""
     rows = []
-    groups = [(text, [f for f in families if f.kind == kind]) for kind, text in KINDS]
+    families = [f for f in families if f.key[0] == tool]
+    groups = [(text, [f for f in families if f.kind == kind]) for kind, text in (FUZZ_KINDS if tool == FUZZ else KINDS)]
     groups.append(("all recorded families", list(families)))
     for text, members in groups:
         if not members:
@@ -194,16 +242,22 @@ def totals_rows(families: Sequence[Family]) -> List[str]:
                         else f": the {_count(differences)} differences are FID-7")
         else:
             verdict = f"**{verdict}**"
-        outcomes = "{} / {} / {}".format(*(_count(sum(getattr(f, a) for f in members))
-                                           for a in ("completed", "dead_ends", "hangs")))
+        outcomes = " / ".join(_count(sum(getattr(f, a) for f in members)) for a in _COLUMNS[tool][1])
         rows.append(f"| {text} | {len(members)} | {_count(cases)} | {outcomes} | {verdict} |")
     return rows
 
 
 def block(families: Sequence[Family]) -> str:
-    head = ["| recorded `gen-cases` families | families | cases | completed / dead ends / reference hangs | identical |",
-            "|---|---|---|---|---|"]
-    return "\n".join([BEGIN, *head, *totals_rows(families), END])
+    """The README's block: a table per tool that has families."""
+    lines = [BEGIN]
+    for tool in ("gen-cases", FUZZ):
+        rows = totals_rows(families, tool)
+        if rows:
+            if len(lines) > 1:
+                lines.append("")
+            lines += [f"| recorded `{tool}` families | families | cases | {_COLUMNS[tool][0]} | identical |",
+                      "|---|---|---|---|---|", *rows]
+    return "\n".join([*lines, END])
 
 
 def readme_with_block(readme: str, new_block: str) -> str:

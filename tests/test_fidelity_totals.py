@@ -7,9 +7,12 @@ from script_loader import ROOT, load_script
 
 FIDELITY = (ROOT / "spec" / "fidelity.md").read_text(encoding="utf-8")
 
-# A two-table file in §2's layout. Sums derived by hand: plain 300 + 200 = 500 cases, 299 + 200 =
-# 499 identical, 270 + 180 = 450 completed, 25 + 15 = 40 dead ends, 5 + 5 = 10 hangs; the tiny
-# family on its own row; all: 700 cases, 699 identical, 550 / 80 / 50 (the missing 20 are TIME-14).
+# A file in §2's layout. Sums derived by hand: plain 300 + 200 = 500 cases, 299 + 200 = 499
+# identical, 270 + 180 = 450 completed, 25 + 15 = 40 dead ends, 5 + 5 = 10 hangs; the tiny family
+# on its own row; all: 700 cases, 699 identical, 550 / 80 / 50 (the missing 20 are TIME-14).
+# refusal_fuzz.py: the bad-input and `--odd` families each on their own row; all: 600 cases, 299 +
+# 300 = 599 identical, 30 + 200 = 230 completed, 260 + 60 = 320 refusals, 6 + 30 = 36 dead ends,
+# 4 + 10 = 14 hangs.
 SMALL = """## 2. Figures
 
 | corpus | cases | identical | of which: ok / dead end / hang |
@@ -18,6 +21,11 @@ SMALL = """## 2. Figures
 | fresh cases, `--seed 5 --count 300 --timeout 20` (extra family) | 300 | 299 | 270 / 25 / 5 |
 | fresh cases, `--seed 7 --count 200 --timeout 20` | 200 | **200** | 180 / 15 / 5 |
 | edge cases, `--tiny --sessions --seed 9 --count 200 --timeout 15` | 200 | **200** | 100 / 40 / 40, and 20 TIME-14 errors |
+
+| `refusal_fuzz.py` family | cases | identical | completed / refusals / dead ends / hangs |
+|---|---|---|---|
+| `refusal_fuzz.py --seed 53 --count 300` | 300 | 299 | 30 / 260 / 6 / 4 |
+| `refusal_fuzz.py --odd --seed 7 --count 300` | 300 | **300** | 200 / 60 / 30 / 10 |
 
 **Cases of FID-7.** Text.
 
@@ -51,8 +59,8 @@ def test_every_family_difference_is_a_fid7_case_of_the_spec():
     families = mod.parse_families(FIDELITY)
     fid7 = mod.parse_fid7_cases(FIDELITY)
     mod.check_tables(families, fid7)
-    assert sum(f.cases - f.identical for f in families) > 0
-    assert len(fid7) > sum(f.cases - f.identical for f in families)  # the refusal_fuzz cases too
+    assert sum(f.cases - f.identical for f in families if f.key[0] == mod.FUZZ) > 0
+    assert len(fid7) == sum(f.cases - f.identical for f in families) > 0
 
 
 def test_totals_are_summed_per_kind(tmp_path):
@@ -64,6 +72,11 @@ def test_totals_are_summed_per_kind(tmp_path):
     assert rows[0] == "| plain: `gen-cases --seed S` | 2 | 500 | 450 / 40 / 10 | 499/500: the difference is FID-7 |"
     assert rows[1].startswith("| `--tiny` edge cases") and rows[1].endswith("| 1 | 200 | 100 / 40 / 40 | **200/200** |")
     assert rows[2] == "| all recorded families | 3 | 700 | 550 / 80 / 50 | 699/700: the difference is FID-7 |"
+    assert rows[3].startswith("| bad inputs:") and rows[3].endswith("| 1 | 300 | 30 / 260 / 6 / 4 | 299/300: the difference is FID-7 |")
+    assert rows[4].startswith("| edge values") and rows[4].endswith("| 1 | 300 | 200 / 60 / 30 / 10 | **300/300** |")
+    assert rows[5] == "| all recorded families | 2 | 600 | 230 / 320 / 36 / 14 | 599/600: the difference is FID-7 |"
+    assert len(rows) == 6
+    assert "| recorded `refusal_fuzz.py` families | families | cases | completed / refusals / dead ends / reference hangs |" in text
     assert mod.main(["--check"], fidelity=tmp_path / "fidelity.md", readme=readme) == 0
 
 
@@ -117,3 +130,27 @@ def test_large_families_give_their_range_of_requests(tmp_path):
     assert rc == 0
     rows = [line for line in readme.read_text(encoding="utf-8").splitlines() if line.startswith("| `--large`")]
     assert rows == ["| `--large` (6,100-7,200 requests a family), with or without those | 2 | 120 | 100 / 10 / 10 | **120/120** |"]
+
+
+def test_a_refusal_fuzz_difference_without_its_fid7_case_is_named(tmp_path, capsys):
+    """The two tools' families are apart: `refusal_fuzz.py --odd --seed 7` is not `--seed 7`."""
+    spoiled = SMALL.replace("| 300 | **300** | 200 / 60 / 30 / 10 |", "| 300 | 299 | 200 / 60 / 30 / 10 |")
+    _, rc, _ = _run(tmp_path, spoiled)
+    assert rc == 1
+    assert "'refusal_fuzz.py --odd --seed 7 --count 300': 1 difference in §2, 0 in the FID-7 table" in capsys.readouterr().err
+
+
+def test_refusal_fuzz_outcomes_must_add_up_to_the_cases(tmp_path, capsys):
+    spoiled = SMALL.replace("| 30 / 260 / 6 / 4 |", "| 30 / 260 / 6 / 5 |")
+    _, rc, _ = _run(tmp_path, spoiled)
+    assert rc == 2
+    assert "do not add up to its 300 cases" in capsys.readouterr().err
+
+
+def test_refusal_fuzz_rows_need_four_outcomes_and_a_known_kind(tmp_path, capsys):
+    three = SMALL.replace("| 30 / 260 / 6 / 4 |", "| 30 / 266 / 4 |")
+    assert _run(tmp_path, three)[1] == 2
+    assert "completed / refusals / dead ends / hangs" in capsys.readouterr().err
+    both = SMALL.replace("`refusal_fuzz.py --odd --seed 7", "`refusal_fuzz.py --odd --text --seed 7")
+    assert _run(tmp_path, both)[1] == 2
+    assert "not a known kind" in capsys.readouterr().err
