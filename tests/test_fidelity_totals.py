@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from script_loader import ROOT, load_script
 
 FIDELITY = (ROOT / "spec" / "fidelity.md").read_text(encoding="utf-8")
@@ -87,35 +89,43 @@ def test_check_reports_a_stale_block(tmp_path, capsys):
     assert "old" in readme.read_text(encoding="utf-8")
 
 
-def test_a_difference_without_its_fid7_case_is_named(tmp_path, capsys):
-    spoiled = SMALL.replace("| 200 | **200** | 180 / 15 / 5 |", "| 200 | 198 | 180 / 15 / 5 |")
-    _, rc, readme = _run(tmp_path, spoiled, "--write")
-    assert rc == 1
-    assert "'--seed 7 --count 200 --timeout 20': 2 differences in §2, 0 in the FID-7 table" in capsys.readouterr().err
-    assert "old" in readme.read_text(encoding="utf-8")  # nothing written
+#: (what is spoiled, its replacement, exit status, what the one-line error says)
+SPOILED = [
+    pytest.param("| 200 | **200** | 180 / 15 / 5 |", "| 200 | 198 | 180 / 15 / 5 |", 1,
+                 "'--seed 7 --count 200 --timeout 20': 2 differences in §2, 0 in the FID-7 table",
+                 id="difference-without-its-fid7-case"),
+    pytest.param("| gen-5-0001 | `--seed 5` |", "| gen-5-0001 | `--seed 5` |\n| gen-11-0002 | `--seed 11` |", 1,
+                 "FID-7 case gen-11-0002: its family '--seed 11' has no row in §2",
+                 id="fid7-case-of-an-unrecorded-family"),
+    # the same seed and drawing flags twice (the run flags aside) is one family recorded twice
+    pytest.param("| fresh cases, `--seed 7 --count 200 --timeout 20` |",
+                 "| fresh cases, `--seed 5 --count 200 --timeout 45` |", 2, "has more than one row",
+                 id="family-with-two-rows"),
+    pytest.param("| 300 | 299 | 270 / 25 / 5 |", "| 300 | most | 270 / 25 / 5 |", 2, "cannot parse the row",
+                 id="unparseable-row"),
+    # the two tools' families are apart: `refusal_fuzz.py --odd --seed 7` is not `--seed 7`
+    pytest.param("| 300 | **300** | 200 / 60 / 30 / 10 |", "| 300 | 299 | 200 / 60 / 30 / 10 |", 1,
+                 "'refusal_fuzz.py --odd --seed 7 --count 300': 1 difference in §2, 0 in the FID-7 table",
+                 id="refusal-fuzz-difference-without-its-fid7-case"),
+    pytest.param("| 30 / 260 / 6 / 4 |", "| 30 / 260 / 6 / 5 |", 2, "do not add up to its 300 cases",
+                 id="refusal-fuzz-outcomes-not-adding-up"),
+    pytest.param("| 30 / 260 / 6 / 4 |", "| 30 / 266 / 4 |", 2, "completed / refusals / dead ends / hangs",
+                 id="refusal-fuzz-row-with-three-outcomes"),
+    pytest.param("`refusal_fuzz.py --odd --seed 7", "`refusal_fuzz.py --odd --text --seed 7", 2, "not a known kind",
+                 id="refusal-fuzz-row-of-no-known-kind"),
+]
 
 
-def test_a_fid7_case_of_an_unrecorded_family_is_named(tmp_path, capsys):
-    spoiled = SMALL.replace("| gen-5-0001 | `--seed 5` |", "| gen-5-0001 | `--seed 5` |\n| gen-11-0002 | `--seed 11` |")
-    _, rc, _ = _run(tmp_path, spoiled)
-    assert rc == 1
-    assert "FID-7 case gen-11-0002: its family '--seed 11' has no row in §2" in capsys.readouterr().err
-
-
-def test_a_family_with_two_rows_is_refused(tmp_path, capsys):
-    """The same seed and drawing flags twice (the run flags aside) is one family recorded twice."""
-    spoiled = SMALL.replace("| fresh cases, `--seed 7 --count 200 --timeout 20` |",
-                            "| fresh cases, `--seed 5 --count 200 --timeout 45` |")
-    _, rc, _ = _run(tmp_path, spoiled)
-    assert rc == 2
-    assert "has more than one row" in capsys.readouterr().err
-
-
-def test_an_unparseable_family_row_is_refused(tmp_path, capsys):
-    spoiled = SMALL.replace("| 300 | 299 | 270 / 25 / 5 |", "| 300 | most | 270 / 25 / 5 |")
-    _, rc, _ = _run(tmp_path, spoiled)
-    assert rc == 2
-    assert "cannot parse the row" in capsys.readouterr().err
+@pytest.mark.parametrize("old, new, status, message", SPOILED)
+def test_tables_that_disagree_or_do_not_parse_are_refused(tmp_path, capsys, old, new, status, message):
+    """Exit 1 when the tables disagree, 2 when a row cannot be read; the error names the row or
+    case, and README.md is not written."""
+    assert SMALL.count(old) == 1
+    _, rc, readme = _run(tmp_path, SMALL.replace(old, new), "--write")
+    assert rc == status
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert "old" in readme.read_text(encoding="utf-8")
 
 
 def test_large_families_give_their_range_of_requests(tmp_path):
@@ -130,27 +140,3 @@ def test_large_families_give_their_range_of_requests(tmp_path):
     assert rc == 0
     rows = [line for line in readme.read_text(encoding="utf-8").splitlines() if line.startswith("| `--large`")]
     assert rows == ["| `--large` (6,100-7,200 requests a family), with or without those | 2 | 120 | 100 / 10 / 10 | **120/120** |"]
-
-
-def test_a_refusal_fuzz_difference_without_its_fid7_case_is_named(tmp_path, capsys):
-    """The two tools' families are apart: `refusal_fuzz.py --odd --seed 7` is not `--seed 7`."""
-    spoiled = SMALL.replace("| 300 | **300** | 200 / 60 / 30 / 10 |", "| 300 | 299 | 200 / 60 / 30 / 10 |")
-    _, rc, _ = _run(tmp_path, spoiled)
-    assert rc == 1
-    assert "'refusal_fuzz.py --odd --seed 7 --count 300': 1 difference in §2, 0 in the FID-7 table" in capsys.readouterr().err
-
-
-def test_refusal_fuzz_outcomes_must_add_up_to_the_cases(tmp_path, capsys):
-    spoiled = SMALL.replace("| 30 / 260 / 6 / 4 |", "| 30 / 260 / 6 / 5 |")
-    _, rc, _ = _run(tmp_path, spoiled)
-    assert rc == 2
-    assert "do not add up to its 300 cases" in capsys.readouterr().err
-
-
-def test_refusal_fuzz_rows_need_four_outcomes_and_a_known_kind(tmp_path, capsys):
-    three = SMALL.replace("| 30 / 260 / 6 / 4 |", "| 30 / 266 / 4 |")
-    assert _run(tmp_path, three)[1] == 2
-    assert "completed / refusals / dead ends / hangs" in capsys.readouterr().err
-    both = SMALL.replace("`refusal_fuzz.py --odd --seed 7", "`refusal_fuzz.py --odd --text --seed 7")
-    assert _run(tmp_path, both)[1] == 2
-    assert "not a known kind" in capsys.readouterr().err
