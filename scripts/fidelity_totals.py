@@ -161,6 +161,7 @@ def parse_families(text: str) -> List[Family]:
             raise TablesError(f"spec/fidelity.md §2: cannot parse the row {line[:80]!r}")
         command = m["command"]
         key = family_key(command)
+        family_kind(*key[:2])  # refuses an unknown combination of flags
         head = (key, command, int(m["cases"]), int(m["identical"]))
         if key[0] == FUZZ:
             outcomes = _FUZZ_OUTCOMES.match(m["outcomes"].strip())
@@ -168,6 +169,9 @@ def parse_families(text: str) -> List[Family]:
                 raise TablesError(f"spec/fidelity.md §2: no 'completed / refusals / dead ends / hangs' "
                                   f"figures in {line[:80]!r}")
             completed, refusals, dead_ends, hangs = (int(g) for g in outcomes.groups())
+            if completed + refusals + dead_ends + hangs != head[2]:
+                raise TablesError(f"spec/fidelity.md §2: the family {command!r}: its outcomes do not "
+                                  f"add up to its {head[2]} cases")
             out.append(Family(*head, completed, dead_ends, hangs, refusals=refusals))
             continue
         outcomes = _OUTCOMES.match(m["outcomes"].strip())
@@ -176,11 +180,6 @@ def parse_families(text: str) -> List[Family]:
         requests = _REQUESTS.search(line)
         out.append(Family(*head, *(int(g) for g in outcomes.groups()),
                           requests=int(requests[1].replace(",", "")) if requests else None))
-    for f in out:
-        f.kind  # an unknown combination of flags is a row that cannot be read
-        if f.key[0] == FUZZ and f.completed + f.refusals + f.dead_ends + f.hangs != f.cases:
-            raise TablesError(f"spec/fidelity.md §2: the family {f.command!r}: its outcomes do not "
-                              f"add up to its {f.cases} cases")
     keys = Counter(f.key for f in out)
     twice = [f.command for f in out if keys[f.key] > 1]
     if twice:
