@@ -14,8 +14,10 @@ script leaves a ``?`` there.
 Usage: python scripts/fid7_rows.py CASE_DIR [CASE_DIR...]
 
 Exit status: 0 when every case carries the signature, 1 when some case does not (it is named on
-standard error, with its first divergence if any: such a case is not a FID-7 candidate), 2 when a
-directory cannot be read.
+standard error, with its first divergence if any; on a vLLM or TRT-LLM worker it may still be FID-7,
+hidden when the re-admission's reuse is not the request's largest: run it on the all-or-nothing
+variant, and write its row by hand if that is identical, as spec/fidelity.md *Detection* says),
+2 when a directory cannot be read.
 """
 
 from __future__ import annotations
