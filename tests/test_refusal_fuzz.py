@@ -81,3 +81,15 @@ def test_an_output_that_cannot_be_a_directory_is_one_line_and_writes_nothing(tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not a directory" in err
     assert f.read_text() == "" and sorted(tmp_path.iterdir()) == [f]
+
+
+def test_a_token_ids_spoil_after_a_length_past_u64_still_makes_its_case():
+    """--text seed 463, case 267 spoils line 1 twice: its `output_length` is first written as
+    18446744073709551616 (past u64, so the reference refuses the line already), then the token-ids
+    spoil sizes its lists by that length. It used to raise OverflowError and stop the family; the
+    case is now made, with the long length kept and a one-token list."""
+    fuzz = load_script("refusal_fuzz")
+    case, lines, done = fuzz._text(463, 267)
+    assert done == ["line 1 number", "line 1 token-ids"]
+    row = json.loads(lines[0])
+    assert row["output_length"] == 2**64 and len(row["output_token_ids"]) == 1
